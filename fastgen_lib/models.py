@@ -1,0 +1,134 @@
+"""Model, tokenizer and workload: GPT-2 124M (real weights when present, else random), a tiny config for
+CPU work, and batches of left-padded prompts. Book: chapter 0 (setup)."""
+import hashlib
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+TOKENIZER_DIR = Path(__file__).parent / "gpt2_tokenizer"
+# The hashes tiktoken pins for GPT-2's encoder.json and vocab.bpe.
+TOKENIZER_SHA256 = {
+    "vocab.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    "merges.txt": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+}
+EOS = 50256  # GPT-2's <|endoftext|>
+SIZES = ("124m", "tiny")
+
+PROMPTS = [
+    "The quick brown fox",
+    "In a shocking finding, scientists discovered a herd of unicorns living in a remote valley",
+    "Fast token generation on a GPU depends on",
+    "Once upon a time",
+    "The memory bandwidth of a modern accelerator is",
+    "Python is a programming language that",
+    "The best way to learn about CUDA streams is",
+    "Hello, my name is",
+]
+
+
+def load_tokenizer():
+    """GPT-2's tokenizer from the files shipped in the package (no network), padding on the left."""
+    for name, want in TOKENIZER_SHA256.items():
+        got = hashlib.sha256((TOKENIZER_DIR / name).read_bytes()).hexdigest()
+        if got != want:
+            raise RuntimeError(f"{TOKENIZER_DIR / name}: sha256 {got} is not GPT-2's {want}")
+    tok = GPT2TokenizerFast.from_pretrained(str(TOKENIZER_DIR))
+    tok.pad_token = tok.eos_token  # GPT-2 has no pad token; generate() pads finished rows with EOS
+    tok.padding_side = "left"      # decoders append on the right, so prompts are padded on the left
+    return tok
+
+
+def tiny_config():
+    """A 2-layer GPT-2 with the real vocabulary: the same code paths, fast on a CPU."""
+    return GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=1024)
+
+
+def default_size():
+    """`FASTGEN_SIZE` picks the model for notebooks and the CLI: `124m` on CUDA, `tiny` on a CPU."""
+    size = os.environ.get("FASTGEN_SIZE") or ("124m" if torch.cuda.is_available() else "tiny")
+    if size not in SIZES:
+        raise ValueError(f"FASTGEN_SIZE={size!r}: expected one of {SIZES}")
+    return size
+
+
+def load_model(size=None, device=None, dtype=torch.float32, weights="auto", seed=0):
+    """GPT-2 in eval mode. `weights`: "auto" loads the real `gpt2` checkpoint if it is in the local cache
+    or reachable on the hub, else falls back to random weights with a printed notice; "pretrained"
+    insists; "random" skips the lookup. Random weights run at exactly the real model's speed: the same
+    shapes, the same kernels, the same bytes moved. The tiny size is always random."""
+    size = size or default_size()
+    if size not in SIZES:
+        raise ValueError(f"size={size!r}: expected one of {SIZES}")
+    if weights not in ("auto", "pretrained", "random"):
+        raise ValueError(f"weights={weights!r}: expected 'auto', 'pretrained' or 'random'")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = None
+    if size == "124m" and weights != "random":
+        model = _pretrained(strict=weights == "pretrained")
+    if model is None:
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(tiny_config() if size == "tiny" else GPT2Config())
+        model.fastgen_weights = "random"
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model.generation_config.pad_token_id = EOS
+    return model
+
+
+def _pretrained(strict):
+    errors = []
+    for local in (True, False):  # the local cache first, then the hub
+        if not local and os.environ.get("HF_HUB_OFFLINE") == "1":
+            break
+        try:
+            model = GPT2LMHeadModel.from_pretrained("gpt2", local_files_only=local)
+            model.fastgen_weights = "pretrained gpt2"
+            return model
+        except Exception as exc:  # no cache, no network: fall back below
+            errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+    if strict:
+        raise RuntimeError("the gpt2 checkpoint is neither cached nor reachable: " + " | ".join(errors))
+    msg = ("fastgen: the gpt2 checkpoint is not available here, so GPT-2 124M runs with RANDOM weights. "
+           "Timings are the real model's (same shapes and kernels); the generated text is gibberish.")
+    warnings.warn(msg, stacklevel=3)
+    print(msg)
+    return None
+
+
+def set_eos_bias(model, bias, eos_token_id=EOS):
+    """Add `bias` to the EOS logit, for `model.generate` and every decoder alike (lm_head gets a bias
+    vector that is zero except at EOS; its weight stays tied to the embedding). Random weights almost never
+    emit EOS; a bias of a few logits makes rows finish at different steps, so early stopping happens in
+    demos. `bias=0` removes it."""
+    head = model.lm_head
+    if bias == 0:
+        head.bias = None
+        return model
+    b = torch.zeros(head.out_features, device=head.weight.device, dtype=head.weight.dtype)
+    b[eos_token_id] = bias
+    head.bias = torch.nn.Parameter(b, requires_grad=False)
+    return model
+
+
+def make_batch(batch_size, prompt_len=16, *, mixed=True, vocab_size=50257, seed=0, device="cpu", tokenizer=None):
+    """A left-padded batch: `input_ids` [B, T] and `attention_mask` [B, T]. With `mixed`, row b keeps
+    between T/2 and T real tokens (the rest is padding), so the decoders must handle positions and
+    masks. With a `tokenizer`, rows are real English prompts (`PROMPTS`, cycled) instead of random ids."""
+    if batch_size < 1 or prompt_len < 1:
+        raise ValueError(f"batch_size={batch_size} and prompt_len={prompt_len} must both be at least 1")
+    g = torch.Generator().manual_seed(seed)
+    if tokenizer is not None:
+        texts = [PROMPTS[i % len(PROMPTS)] for i in range(batch_size)]
+        enc = tokenizer(texts, return_tensors="pt", padding=True)
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    ids = torch.randint(0, vocab_size, (batch_size, prompt_len), generator=g)
+    mask = torch.ones(batch_size, prompt_len, dtype=torch.long)
+    if mixed and prompt_len > 1:
+        lengths = torch.randint((prompt_len + 1) // 2, prompt_len + 1, (batch_size,), generator=g)
+        lengths[0] = prompt_len  # one full row, so T is really the prompt length
+        for b, n in enumerate(lengths.tolist()):
+            mask[b, : prompt_len - n] = 0
+            ids[b, : prompt_len - n] = EOS
+    return ids.to(device), mask.to(device)

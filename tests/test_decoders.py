@@ -1,0 +1,144 @@
+"""Correctness on the CPU with the tiny GPT-2: every decoder returns exactly `model.generate`'s tokens."""
+import pytest
+import torch
+
+import fastgen_lib as fg
+from fastgen_lib.check import HF_REFERENCE, first_divergence, hf_generate
+from fastgen_lib.models import EOS
+
+# name: (batch, prompt_len, new tokens, mixed-length prompts, EOS bias)
+CASES = {
+    "batch1": (1, 8, 24, False, 0.0),
+    "batch4_mixed": (4, 12, 40, True, 0.0),
+    "batch8_stops": (8, 16, 100, True, 0.7),   # rows finish at different steps, some never
+    "all_stop_early": (3, 10, 60, True, 1.5),  # every row finishes: the output is shorter than T+N
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return fg.load_model("tiny", device="cpu")
+
+
+def workload(model, case):
+    B, T, N, mixed, bias = CASES[case]
+    fg.set_eos_bias(model, bias)
+    ids, mask = fg.make_batch(B, T, mixed=mixed, seed=B + T)
+    return ids, mask, N
+
+
+@pytest.fixture(scope="module")
+def references(model):
+    refs = {}
+    for case in CASES:
+        ids, mask, N = workload(model, case)
+        for kind in ("use_cache", "dynamic", "static"):
+            kwargs = {"use_cache": dict(use_cache=False), "dynamic": {},
+                      "static": dict(cache_implementation="static")}[kind]
+            refs[case, kind] = hf_generate(model, ids, mask, N, EOS, EOS, **kwargs)
+    return refs
+
+
+def _kind(decoder):
+    kw = HF_REFERENCE[decoder]
+    return "use_cache" if "use_cache" in kw else "static" if kw else "dynamic"
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("decoder", list(fg.DECODERS))
+def test_matches_model_generate(model, references, decoder, case):
+    ids, mask, N = workload(model, case)
+    ref = references[case, _kind(decoder)]
+    out = fg.generate(model, ids, mask, decoder=decoder, max_new_tokens=N, eos_token_id=EOS, pad_token_id=EOS)
+    assert first_divergence(model, ids, mask, ref, out) is None
+
+
+def test_cases_really_stop_at_different_steps(model, references):
+    # the workloads above exercise early stopping: in batch8_stops rows end at >= 2 different steps
+    # while others run to the end; in all_stop_early the whole batch ends before max_new_tokens
+    ids, mask, N = workload(model, "batch8_stops")
+    gen = references["batch8_stops", "dynamic"][:, ids.shape[1]:]
+    stops = {int((row == EOS).nonzero()[0]) for row in gen if (row == EOS).any()}
+    assert len(stops) >= 2 and gen.shape[1] == N and not all((row == EOS).any() for row in gen)
+    ids, mask, N = workload(model, "all_stop_early")
+    assert references["all_stop_early", "dynamic"].shape[1] < ids.shape[1] + N
+
+
+def test_eager_decoders_agree_with_each_other_and_generate(references):
+    # the three generate() flavours agree here, so "like with like" is not hiding a disagreement
+    for case in CASES:
+        a, b, c = (references[case, k] for k in ("use_cache", "dynamic", "static"))
+        assert torch.equal(a, b) and torch.equal(b, c)
+
+
+@pytest.mark.parametrize("decoder", list(fg.DECODERS))
+def test_sampling_is_reproducible_with_a_seed(model, decoder):
+    fg.set_eos_bias(model, 0.0)
+    ids, mask = fg.make_batch(3, 8, seed=5)
+    kw = dict(decoder=decoder, max_new_tokens=12, do_sample=True, temperature=0.8, top_k=50)
+    a = fg.generate(model, ids, mask, seed=123, **kw)
+    b = fg.generate(model, ids, mask, seed=123, **kw)
+    c = fg.generate(model, ids, mask, seed=124, **kw)
+    greedy = fg.generate(model, ids, mask, decoder=decoder, max_new_tokens=12)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c) and not torch.equal(a, greedy)
+
+
+def test_sampling_same_tokens_across_decoders(model):
+    # counter-based Gumbel noise: the same seed draws the same numbers in every decoder
+    fg.set_eos_bias(model, 0.0)
+    ids, mask = fg.make_batch(2, 6, seed=9)
+    outs = {d: fg.generate(model, ids, mask, decoder=d, max_new_tokens=10, do_sample=True, seed=7)
+            for d in fg.DECODERS}
+    for d, out in outs.items():
+        assert torch.equal(out, outs["kv_cache"]), d
+
+
+def test_seed_none_follows_torch_manual_seed(model):
+    ids, mask = fg.make_batch(1, 4)
+    torch.manual_seed(0)
+    a = fg.generate(model, ids, mask, decoder="kv_cache", max_new_tokens=8, do_sample=True)
+    torch.manual_seed(0)
+    b = fg.generate(model, ids, mask, decoder="kv_cache", max_new_tokens=8, do_sample=True)
+    assert torch.equal(a, b)
+
+
+def test_gumbel_sampling_draws_from_softmax():
+    # argmax(logits + Gumbel) ~ softmax(logits): frequencies over 20,000 rows within 3 sigma
+    from fastgen_lib.decoders import GenConfig, choose
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20000, 1)
+    gen = GenConfig(1, None, 0, do_sample=True)
+    tok = choose(logits, torch.zeros(20000, dtype=torch.bool), torch.tensor(3), torch.tensor(11), gen)
+    freq = torch.bincount(tok, minlength=4).float() / 20000
+    p = torch.softmax(logits[0], -1)
+    assert torch.all((freq - p).abs() < 3 * (p * (1 - p) / 20000).sqrt() + 1e-3)
+
+
+def test_top_k_only_picks_the_k_largest():
+    from fastgen_lib.decoders import GenConfig, choose
+    logits = torch.randn(500, 100)
+    gen = GenConfig(1, None, 0, do_sample=True, temperature=5.0, top_k=3)
+    tok = choose(logits, torch.zeros(500, dtype=torch.bool), torch.tensor(0), torch.tensor(1), gen)
+    top3 = logits.topk(3).indices
+    assert (top3 == tok[:, None]).any(-1).all()
+
+
+def test_runner_buffers_are_reused(model):
+    fg.set_eos_bias(model, 0.0)
+    ids, mask = fg.make_batch(2, 6, seed=1)
+    fg.generate(model, ids, mask, decoder="interleaved", max_new_tokens=9)
+    (runner,) = [r for k, r in model._fastgen_runners.items() if k[:2] == (2, 15)]
+    ptrs = (runner.out.data_ptr(), runner.flags.data_ptr(), runner.cache.layers[0].keys.data_ptr())
+    ids2, mask2 = fg.make_batch(2, 6, seed=2)
+    fg.generate(model, ids2, mask2, decoder="interleaved", max_new_tokens=9)
+    again = model._fastgen_runners[next(k for k in model._fastgen_runners if k[:2] == (2, 15))]
+    assert again is runner
+    assert ptrs == (runner.out.data_ptr(), runner.flags.data_ptr(), runner.cache.layers[0].keys.data_ptr())
+
+
+def test_returns_generate_shape_for_a_real_prompt(model):
+    tok = fg.load_tokenizer()
+    ids, mask = fg.make_batch(3, tokenizer=tok)
+    out = fg.generate(model, ids, mask, decoder="interleaved", max_new_tokens=5)
+    assert out.shape == (3, ids.shape[1] + 5) and torch.equal(out[:, : ids.shape[1]], ids)
+    assert isinstance(tok.batch_decode(out[:, ids.shape[1]:]), list)

@@ -1,0 +1,78 @@
+"""Bad input gets a clear error, before any state is touched; the decoder works again right after."""
+import pytest
+import torch
+
+import fastgen_lib as fg
+
+
+@pytest.fixture(scope="module")
+def model():
+    return fg.load_model("tiny", device="cpu")
+
+
+OK_IDS = torch.tensor([[1, 2, 3]])
+
+BAD = {
+    "empty prompt": (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), ValueError, "prompt is empty"),
+    "batch of zero": (dict(input_ids=torch.zeros(0, 3, dtype=torch.long)), ValueError, "batch is empty"),
+    "1-d ids": (dict(input_ids=torch.tensor([1, 2, 3])), ValueError, r"input_ids\[None\]"),
+    "3-d ids": (dict(input_ids=torch.zeros(1, 2, 3, dtype=torch.long)), ValueError, "batch, prompt_len"),
+    "float ids": (dict(input_ids=torch.ones(1, 3)), TypeError, "integer token ids"),
+    "not a tensor": (dict(input_ids=[[1, 2, 3]]), TypeError, "torch.Tensor"),
+    "id out of vocab": (dict(input_ids=torch.tensor([[1, 50257]])), ValueError, "lie in"),
+    "negative id": (dict(input_ids=torch.tensor([[-1, 2]])), ValueError, "lie in"),
+    "too long": (dict(max_new_tokens=1022), ValueError, "exceeds the model's 1024 positions"),
+    "zero new tokens": (dict(max_new_tokens=0), ValueError, "max_new_tokens must be an int >= 1"),
+    "float new tokens": (dict(max_new_tokens=2.5), ValueError, "max_new_tokens must be an int"),
+    "unknown decoder": (dict(decoder="turbo"), ValueError, "unknown decoder 'turbo'"),
+    "mask shape": (dict(attention_mask=torch.ones(1, 2, dtype=torch.long)), ValueError, "must match"),
+    "mask values": (dict(attention_mask=torch.tensor([[0, 2, 1]])), ValueError, "only 0 and 1"),
+    "right padding": (dict(attention_mask=torch.tensor([[1, 1, 0]])), ValueError, "pad prompts on the LEFT"),
+    "holes in mask": (dict(attention_mask=torch.tensor([[1, 0, 1]])), ValueError, "left padding"),
+    "bad eos": (dict(eos_token_id=10**6), ValueError, "eos_token_id"),
+    "bad temperature": (dict(do_sample=True, temperature=0.0), ValueError, "temperature"),
+    "bad top_k": (dict(do_sample=True, top_k=0), ValueError, "top_k"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+@pytest.mark.parametrize("decoder", ["naive", "interleaved"])
+def test_bad_input_is_a_clear_error(model, name, decoder):
+    kwargs, exc, msg = BAD[name]
+    args = dict(input_ids=OK_IDS, decoder=decoder, max_new_tokens=4) | kwargs
+    with pytest.raises(exc, match=msg):
+        fg.generate(model, args.pop("input_ids"), **args)
+    # the same decoder still works after the error
+    out = fg.generate(model, OK_IDS, decoder=decoder, max_new_tokens=4)
+    assert out.shape == (1, 7)
+
+
+def test_wrong_device_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="is on meta but the model is on cpu"):
+        fg.generate(model, torch.zeros(1, 3, dtype=torch.long, device="meta"))
+
+
+def test_bad_model_size_and_weights():
+    with pytest.raises(ValueError, match="size='7b'"):
+        fg.load_model("7b")
+    with pytest.raises(ValueError, match="weights="):
+        fg.load_model("tiny", weights="maybe")
+
+
+def test_tokenizer_checks_its_files(monkeypatch):
+    import fastgen_lib.models as models
+    monkeypatch.setitem(models.TOKENIZER_SHA256, "vocab.json", "0" * 64)
+    with pytest.raises(RuntimeError, match="is not GPT-2's"):
+        models.load_tokenizer()
+
+
+def test_random_weights_fallback_is_visible(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import fastgen_lib.models as models
+    monkeypatch.setattr(models.GPT2LMHeadModel, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(OSError("no cache"))))
+    with pytest.warns(UserWarning, match="RANDOM weights"):
+        m = models._pretrained(strict=False)
+    assert m is None and "RANDOM weights" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="neither cached nor reachable"):
+        models._pretrained(strict=True)
