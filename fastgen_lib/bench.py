@@ -1,0 +1,128 @@
+"""The benchmark: our decoders beside `model.generate` (its default cache, and its static cache, which
+compiles itself on CUDA), in one process, on the same prompts, tokens checked. Book: chapter 8."""
+import itertools
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from . import measure
+from .check import first_divergence, hf_generate
+from .decoders import DECODERS, generate
+from .models import EOS, make_batch
+
+HF_METHODS = {"hf_dynamic": {}, "hf_static": {"cache_implementation": "static"}}
+METHODS = list(DECODERS) + list(HF_METHODS)
+STATIC = {"static_cache", "compiled", "deferred", "interleaved", "hf_static"}  # attend over all T+N slots
+
+
+def run_method(model, ids, mask, method, max_new_tokens, repeats, warmup=1):
+    """A timing row for one of METHODS, and the tokens it produced."""
+    if method in DECODERS:
+        def call():
+            return generate(model, ids, mask, decoder=method, max_new_tokens=max_new_tokens,
+                            eos_token_id=EOS, pad_token_id=EOS)
+    else:
+        def call():
+            return hf_generate(model, ids, mask, max_new_tokens, EOS, EOS, **HF_METHODS[method])
+    return measure.measure_call(model, ids, max_new_tokens, method, call, repeats, warmup)
+
+
+def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=METHODS, repeats=5, bandwidth=None,
+           progress=True):
+    """Every method on one workload. Adds: tokens_match (equal to `model.generate`'s default, token for
+    token; for a mismatch, the top-2 logit gap that decided it), speedups over naive and over
+    hf_static, and the memory-bandwidth floor per step beside the measured time."""
+    ids, mask = make_batch(batch, prompt_len, seed=batch, device=model.device)
+    ref = hf_generate(model, ids, mask, max_new_tokens, EOS, EOS)
+    rows = []
+    for method in tqdm(methods, desc=f"batch {batch}, {max_new_tokens} tokens", disable=not progress, leave=False):
+        row, out = run_method(model, ids, mask, method, max_new_tokens, repeats)
+        div = first_divergence(model, ids, mask, ref, out)
+        row["tokens_match"] = div is None
+        row["divergence"] = "" if div is None else str(div)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    return add_ratios_and_floor(df, model.config, bandwidth)
+
+
+def add_ratios_and_floor(df, config, bandwidth=None):
+    """Speedups within each workload (same batch, length, dtype) and the bandwidth floor per step."""
+    keys = ["batch", "prompt_len", "max_new_tokens", "dtype"]
+    for base in ("naive", "hf_static", "hf_dynamic"):
+        t = df[df.method == base].set_index(keys)["median_s"]
+        df[f"x_vs_{base}"] = [t.get(tuple(r[k] for k in keys), float("nan")) / r.median_s for _, r in df.iterrows()]
+    if bandwidth:
+        nbytes = {"float32": 4, "bfloat16": 2, "float16": 2}
+        df["floor_ms_per_step"] = [
+            measure.floor_ms(config, r.batch, r.prompt_len + (r.max_new_tokens if r.method in STATIC
+                                                              else r.max_new_tokens / 2),
+                             nbytes[r["dtype"]], bandwidth) for _, r in df.iterrows()]
+        df["x_floor"] = df.ms_per_step / df.floor_ms_per_step
+    return df
+
+
+def sweep(model, batches=(1, 4, 8, 16, 32), new_tokens=(50, 100, 200, 400), methods=METHODS, repeats=3,
+          prompt_len=16, bandwidth=None, skip=None):
+    """`ladder` over a grid. `skip(method, batch, new_tokens) -> bool` leaves out expensive cells (naive
+    at 400 tokens, hf_static's per-shape recompiles) while keeping the grid honest about it."""
+    frames = []
+    grid = list(itertools.product(batches, new_tokens))
+    for batch, n in tqdm(grid, desc="sweep"):
+        ms = [m for m in methods if not (skip and skip(m, batch, n))]
+        frames.append(ladder(model, batch, prompt_len, n, ms, repeats, bandwidth, progress=False))
+    return pd.concat(frames, ignore_index=True)
+
+
+def default_skip(method, batch, new_tokens):
+    """The sweep's budget: naive only up to 200 tokens (it is O(N^2)), hf_static (a fresh compile per
+    shape) only at 100 tokens."""
+    return (method == "naive" and new_tokens > 200) or (method == "hf_static" and new_tokens != 100)
+
+
+TARGETS = [
+    # (claim, method, baseline, batch, new tokens, at least)
+    ("interleaved >= 3x model.generate(static), batch 1", "interleaved", "hf_static", 1, 100, 3.0),
+    ("interleaved >= 2x model.generate(static), batch 32", "interleaved", "hf_static", 32, 100, 2.0),
+    ("interleaved >= 12x naive, batch 32", "interleaved", "naive", 32, 100, 12.0),
+    ("article: ~5x over the baseline, batch 32 / 100 tokens", "interleaved", "naive", 32, 100, 5.0),
+]
+
+
+def claims(df, dtype="float32"):
+    """The targets and the article's claims, checked against a ladder or sweep DataFrame."""
+    rows = []
+    d = df[df.dtype == dtype]
+    for claim, method, base, batch, n, want in TARGETS:
+        cell = d[(d.batch == batch) & (d.max_new_tokens == n)].set_index("method")["median_s"]
+        if method in cell and base in cell:
+            got = cell[base] / cell[method]
+            rows.append({"claim": claim, "measured": round(got, 2), "target": want, "holds": got >= want})
+        else:
+            rows.append({"claim": claim, "measured": None, "target": want, "holds": None})
+    for batch in sorted(d.batch.unique()):
+        cell = d[(d.batch == batch) & (d.max_new_tokens == 100)].set_index("method")["median_s"]
+        if "compiled" in cell and "interleaved" in cell:
+            gain = 100 * (cell["compiled"] / cell["interleaved"] - 1)
+            rows.append({"claim": f"gain of interleaving over the synchronous check, batch {batch} "
+                                  f"(article: up to 11.6% at small batch)", "measured": round(gain, 1),
+                         "target": None, "holds": None})
+    return pd.DataFrame(rows)
+
+
+def summary(df):
+    """The table people read: one row per method."""
+    cols = ["method", "batch", "new_tokens", "median_s", "min_s", "max_s", "ms_per_step", "tokens_per_s",
+            "x_vs_naive", "x_vs_hf_static", "first_call_s", "tokens_match"]
+    if "floor_ms_per_step" in df:
+        cols += ["floor_ms_per_step", "x_floor"]
+    return df[[c for c in cols if c in df]]
+
+
+def run_ladder_cli(size, dtype, batches, new_tokens, prompt_len, methods, repeats):
+    """`python -m fastgen_lib bench`: the ladder on this machine, one table per batch size."""
+    from .models import load_model
+    model = load_model(size, dtype=getattr(torch, dtype))
+    bw = measure.measure_bandwidth()
+    frames = [ladder(model, b, prompt_len, n, methods, repeats, bw) for b in batches for n in new_tokens]
+    return pd.concat(frames, ignore_index=True), bw
