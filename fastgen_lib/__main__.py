@@ -140,7 +140,9 @@ def cmd_profile(args):
     iv = measure.profile_decode(call, path=args.trace)
     gaps = measure.gpu_gaps(iv, steps=args.new_tokens[0])
     gaps.pop("gaps_us")
-    print(json.dumps({"decoder": args.decoder, **gaps}))
+    print(json.dumps({"decoder": args.decoder, **gaps, **measure.between_steps(iv)}))
+    if args.kernels:
+        print(measure.top_kernels(iv).to_string())
     return 0
 
 
@@ -183,6 +185,7 @@ def main(argv=None):
     common(pr, batch=(1,), new_tokens=(50,))
     pr.add_argument("--decoder", choices=list(DECODERS), default="interleaved")
     pr.add_argument("--trace", default=None, help="where to keep the Chrome trace")
+    pr.add_argument("--kernels", action="store_true", help="also print the kernels that take the time")
     args = p.parse_args(argv)
     return {"check": cmd_check, "generate": cmd_generate, "bench": cmd_bench, "memory": cmd_memory,
             "profile": cmd_profile}[args.cmd](args)

@@ -245,8 +245,8 @@ def trace_intervals(trace, annotation=None):
                     and any(a <= e["ts"] <= b for a, b in ranges)}
         gpu = [e for e in gpu if e.get("args", {}).get("correlation") in launches]
     rows = [(e.get("name", ""), e.get("args", {}).get("stream", e.get("tid")), e["ts"], e["ts"] + e["dur"],
-             e["cat"]) for e in gpu]
-    df = pd.DataFrame(rows, columns=["name", "stream", "start_us", "end_us", "cat"])
+             e["cat"], e.get("args", {}).get("correlation")) for e in gpu]
+    df = pd.DataFrame(rows, columns=["name", "stream", "start_us", "end_us", "cat", "correlation"])
     return df.sort_values("start_us").reset_index(drop=True)
 
 
@@ -271,3 +271,36 @@ def gpu_gaps(intervals, steps=None, min_gap_us=0.0):
     if steps:
         out["idle_per_step_us"] = out["idle_us"] / steps
     return out
+
+
+def step_spans(intervals, min_kernels=8):
+    """Decode steps in a trace of a graph-replaying decoder: all kernels of one CUDA-graph launch share
+    the launch's correlation id, so each group of >= `min_kernels` is one step. Returns a DataFrame of
+    steps (start_us, end_us, kernels), in time order."""
+    g = intervals.groupby("correlation").agg(start_us=("start_us", "min"), end_us=("end_us", "max"),
+                                             kernels=("name", "size"))
+    return g[g.kernels >= min_kernels].sort_values("start_us").reset_index(drop=True)
+
+
+def between_steps(intervals, min_kernels=8):
+    """Idle time *between* decode steps (the stall a host-side check causes), apart from the small
+    bubbles between kernels inside a step: gaps between consecutive step spans, their sum, and the share
+    of the decode loop's span that lies inside steps."""
+    steps = step_spans(intervals, min_kernels)
+    if len(steps) < 2:
+        return {"steps": len(steps), "kernels_per_step": float(steps.kernels.median()) if len(steps) else 0}
+    gaps = (steps.start_us.iloc[1:].to_numpy() - steps.end_us.iloc[:-1].to_numpy()).clip(min=0)
+    span = steps.end_us.iloc[-1] - steps.start_us.iloc[0]
+    return {"steps": len(steps), "kernels_per_step": float(steps.kernels.median()),
+            "step_us_median": float((steps.end_us - steps.start_us).median()),
+            "gap_between_steps_us_median": float(np.median(gaps)), "gap_between_steps_us_total": float(gaps.sum()),
+            "in_steps_fraction": float(1 - gaps.sum() / span)}
+
+
+def top_kernels(intervals, k=12):
+    """Where GPU time goes: total microseconds, count and mean per kernel name, largest first."""
+    d = intervals.assign(us=intervals.end_us - intervals.start_us)
+    t = d.groupby("name").us.agg(["sum", "count", "mean"]).sort_values("sum", ascending=False)
+    t["share"] = t["sum"] / t["sum"].sum()
+    t.index = [n[:70] for n in t.index]
+    return t.head(k)

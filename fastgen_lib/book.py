@@ -1,0 +1,45 @@
+"""The first cell of every chapter: `settings = fastgen_lib.book.setup_book()`. Seeds, display widths,
+plot style, and one line saying where this runs (device, versions, real or random weights)."""
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Settings:
+    size: str          # "124m" on a GPU, "tiny" on a CPU (FASTGEN_SIZE overrides)
+    device: str        # "cuda" or "cpu"
+    smoke: bool        # FASTGEN_SMOKE=1: CI's quick run, few tokens
+    gpu: bool
+
+    def tokens(self, n):
+        """A token count for this run: `n` normally, at most 8 in a smoke run."""
+        return min(n, 8) if self.smoke else n
+
+    def pick(self, full, smoke):
+        """`full` normally, `smoke` in a smoke run (lists of lengths, batch sizes, repeats...)."""
+        return smoke if self.smoke else full
+
+
+def setup_book(seed=0):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import transformers
+
+    from .models import default_size
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    pd.set_option("display.width", 120)
+    pd.set_option("display.precision", 3)
+    plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3})
+    gpu = torch.cuda.is_available()
+    s = Settings(size=default_size(), device="cuda" if gpu else "cpu",
+                 smoke=os.environ.get("FASTGEN_SMOKE") == "1", gpu=gpu)
+    where = torch.cuda.get_device_name() if gpu else "CPU (no CUDA GPU: tiny model, CPU timings)"
+    print(f"{where} | torch {torch.__version__} | transformers {transformers.__version__} | "
+          f"model size {s.size}" + (" | SMOKE RUN (few tokens)" if s.smoke else ""))
+    return s
