@@ -1,0 +1,123 @@
+"""The measuring toolkit on the CPU: timing, rows, floor arithmetic, trace gaps on synthetic traces."""
+import pandas as pd
+import pytest
+import torch
+
+import fastgen_lib as fg
+from fastgen_lib import bench, measure
+
+
+@pytest.fixture(scope="module")
+def model():
+    return fg.load_model("tiny", device="cpu")
+
+
+def test_time_call_excludes_warmup_and_counts_repeats():
+    calls = []
+    times, out = measure.time_call(lambda: calls.append(1) or len(calls), repeats=4, warmup=2)
+    assert len(times) == 4 and len(calls) == 6 and out == 6 and all(t >= 0 for t in times)
+
+
+def test_measure_row_carries_conditions(model):
+    ids, mask = fg.make_batch(2, 6)
+    row = measure.measure(model, ids, mask, "kv_cache", 5, repeats=3)
+    for key in ("gpu", "torch", "transformers", "dtype", "batch", "prompt_len", "new_tokens", "method",
+                "median_s", "min_s", "max_s", "ms_per_step", "tokens_per_s", "first_call_s"):
+        assert key in row
+    assert row["min_s"] <= row["median_s"] <= row["max_s"]
+    assert row["batch"] == 2 and row["new_tokens"] == 5 and row["dtype"] == "float32"
+    assert row["tokens_per_s"] == pytest.approx(2 * 5 / row["median_s"])
+
+
+def test_fit_exponent_recovers_slopes():
+    n = [50, 100, 200, 400]
+    assert measure.fit_exponent(n, [3e-6 * x**2 for x in n]) == pytest.approx(2.0)
+    assert measure.fit_exponent(n, [1e-3 * x for x in n]) == pytest.approx(1.0)
+
+
+def test_bytes_per_step_counts_gpt2_weights_and_cache():
+    cfg = fg.load_model("124m", weights="random").config
+    params = 124_439_808  # GPT-2 small, tied embedding counted once
+    assert measure.bytes_per_step(cfg, batch=1, context=0, dtype_bytes=4) == params * 4
+    kv = 2 * 12 * 8 * 100 * 768 * 2  # keys+values, 12 layers, batch 8, 100 positions, bf16
+    assert measure.bytes_per_step(cfg, 8, 100, 2) == params * 2 + kv
+    assert measure.floor_ms(cfg, 1, 0, 4, bandwidth=4e12) == pytest.approx(params * 4 / 4e12 * 1e3)
+
+
+def _trace(events):
+    return {"traceEvents": [dict(ph="X", cat=c, name=n, ts=s, dur=d, args={"stream": st, "correlation": corr})
+                            for c, n, s, d, st, corr in events]}
+
+
+def test_gpu_gaps_on_a_synthetic_trace():
+    # three kernels, one overlapping on another stream; two gaps of 10 and 30 us
+    iv = measure.trace_intervals(_trace([("kernel", "a", 0, 10, 7, 1), ("kernel", "b", 5, 10, 8, 2),
+                                          ("kernel", "c", 25, 5, 7, 3), ("gpu_memcpy", "d", 60, 40, 7, 4),
+                                          ("cpu_op", "x", 0, 500, 0, 5)]))
+    assert list(iv.name) == ["a", "b", "c", "d"]
+    g = measure.gpu_gaps(iv, steps=2)
+    assert g["span_us"] == 100 and g["busy_us"] == 60 and g["idle_us"] == 40
+    assert sorted(g["gaps_us"]) == [10, 30] and g["idle_per_step_us"] == 20 and g["busy_fraction"] == 0.6
+
+
+def test_between_steps_groups_kernels_by_graph_launch():
+    # two "steps" of 8 kernels (correlation 1 and 2) separated by a 50 us stall
+    ev = [("kernel", f"k{i}", i * 2, 1, 7, 1) for i in range(8)] + \
+         [("kernel", f"k{i}", 65 + i * 2, 1, 7, 2) for i in range(8)]
+    iv = measure.trace_intervals(_trace(ev))
+    s = measure.between_steps(iv)
+    assert s["steps"] == 2 and s["kernels_per_step"] == 8
+    assert s["gap_between_steps_us_total"] == 65 - 15
+    assert measure.gpu_gaps(iv)["idle_us"] > s["gap_between_steps_us_total"]  # bubbles inside steps count too
+
+
+def test_trace_intervals_keeps_only_what_generate_launched():
+    trace = _trace([("kernel", "inside", 10, 1, 7, 1), ("kernel", "outside", 30, 1, 7, 2)])
+    trace["traceEvents"] += [dict(ph="X", cat="user_annotation", name="fastgen.interleaved", ts=0, dur=20),
+                             dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=5, dur=1,
+                                  args={"correlation": 1}),
+                             dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=25, dur=1,
+                                  args={"correlation": 2})]
+    assert list(measure.trace_intervals(trace, annotation="fastgen.").name) == ["inside"]
+
+
+def test_profile_decode_runs_on_cpu(model):
+    ids, mask = fg.make_batch(1, 4)
+    iv = measure.profile_decode(lambda: fg.generate(model, ids, mask, decoder="kv_cache", max_new_tokens=3))
+    assert list(iv.columns) == ["name", "stream", "start_us", "end_us", "cat", "correlation"]
+
+
+def test_allocator_timeline_replays_events():
+    snap = {"segments": [{"total_size": 200}],
+            "device_traces": [[{"action": "segment_alloc", "size": 200}, {"action": "alloc", "size": 64},
+                               {"action": "alloc", "size": 32}, {"action": "free_completed", "size": 64}]]}
+    t = measure.allocator_timeline(snap)
+    assert list(t.allocated) == [0, 64, 96, 32] and list(t.reserved) == [200, 200, 200, 200]
+
+
+def test_memory_run_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        measure.memory_run(lambda: None)
+
+
+def test_ladder_dataframe_and_claims(model):
+    df = bench.ladder(model, batch=2, prompt_len=6, max_new_tokens=4, repeats=2, bandwidth=1e11,
+                      methods=["naive", "kv_cache", "interleaved", "hf_dynamic", "hf_static"], progress=False)
+    assert isinstance(df, pd.DataFrame) and len(df) == 5 and df.tokens_match.all()
+    assert df.set_index("method").x_vs_naive["naive"] == pytest.approx(1.0)
+    assert (df.floor_ms_per_step > 0).all() and "x_floor" in df
+    c = bench.claims(df)
+    assert c.measured.isna().all()  # no batch-32 / 100-token cell here: nothing claimed
+
+
+def test_claims_on_a_synthetic_sweep():
+    rows = [dict(method=m, batch=b, max_new_tokens=100, dtype="float32", median_s=t)
+            for b, ts in ((1, dict(naive=6, compiled=1.1, interleaved=1.0, hf_static=3.5)),
+                          (32, dict(naive=15, compiled=1.2, interleaved=1.0, hf_static=2.5)))
+            for m, t in ts.items()]
+    c = bench.claims(pd.DataFrame(rows)).set_index("claim")
+    assert c.measured.iloc[0] == 3.5 and c.holds.iloc[0]
+    assert c.measured.iloc[2] == 15.0 and c.holds.iloc[2]
+    assert c.measured.iloc[4] == pytest.approx(10.0)  # interleaving gain at batch 1, %
