@@ -11,10 +11,13 @@ as `model.generate`:
 Every decoder checks for early stopping after every token; each marks where the host waits for the GPU.
 `generate()` is the entry point; `DECODERS` maps the names to the functions.
 """
+import contextlib
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache, StaticCache
 
 MAX_RUNNERS = 8  # compiled runners (cache + graphs) kept per model; the oldest is dropped first
@@ -165,9 +168,22 @@ def decode_step(model, cache, gen, tok, step_pos, mask, col, seed, finished, out
     done.copy_(finished.all())
 
 
-# dynamic=True: one compile serves every batch size > 1 (batch 1 gets its own); the cache length is baked in
-# (StaticCache keeps it as a Python int), so each new length compiles once. Each Runner captures its graphs.
+def decode_attention():
+    """The attention path traced into the compiled step. One query token against a few hundred keys is a
+    poor fit for the fused memory-efficient kernel (on the H200 it took a third of a float32 step at batch
+    1: results/h200/profile_interleaved_log.txt); the math path compiles to two small matmuls and one fused
+    masked softmax. FASTGEN_DECODE_SDPA=auto leaves PyTorch's choice (for an A/B)."""
+    if os.environ.get("FASTGEN_DECODE_SDPA", "math") == "auto":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+# dynamic=True: sizes are symbolic, so most new batch sizes and cache lengths reuse a compile (dynamo
+# still specializes sizes 0 and 1, and a size equal to another dimension can force one more). Each Runner
+# captures its own graphs. Every variant (dtype, sampling settings, an lm_head bias) is one more compile of
+# this one function: raise dynamo's limit of 8 so a sweep never hits it.
 compiled_step = torch.compile(decode_step, fullgraph=True, dynamic=True)
+torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
 class Runner:
@@ -242,8 +258,9 @@ class Runner:
         self.compile_s = time.perf_counter() - t0
 
     def compiled_step(self, slot):
-        compiled_step(self.model, self.cache, self.gen, self.tok, self.step_pos, self.mask, self.col,
-                      self.seed, self.finished, self.out, self.done[slot])
+        with decode_attention():
+            compiled_step(self.model, self.cache, self.gen, self.tok, self.step_pos, self.mask, self.col,
+                          self.seed, self.finished, self.out, self.done[slot])
 
     def step(self, slot=0):
         """Launch one decode step on the current stream (a graph replay on CUDA); never waits."""
