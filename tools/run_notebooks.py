@@ -27,11 +27,12 @@ def main():
     args = p.parse_args()
     if args.smoke and args.inplace:
         sys.exit("--smoke never overwrites the committed notebooks; drop --inplace")
-    if args.smoke:
-        os.environ.update(FASTGEN_SMOKE="1", FASTGEN_SIZE="tiny")
+    if args.smoke:  # one thread: a tiny model gains nothing from more, and a shared CPU loses a lot
+        os.environ.update(FASTGEN_SMOKE="1", FASTGEN_SIZE="tiny", OMP_NUM_THREADS="1")
     os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     paths = [Path(n) for n in args.notebooks] or sorted((ROOT / "notebooks").glob("*.ipynb"))
     out = Path(args.out or tempfile.mkdtemp(prefix="fastgen-nb-"))
+    out.mkdir(parents=True, exist_ok=True)
     failed = []
     for path in paths:
         nb = nbformat.read(path, as_version=4)
