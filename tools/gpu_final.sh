@@ -13,7 +13,7 @@ T0=$(date +%s)
 left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
 python3 -m fastgen_lib check | tee "$OUT/check.txt"
 echo "== notebooks"
-timeout -s INT "${NB_BUDGET:-330}" python3 tools/run_notebooks.py --inplace --timeout 300 --out "$OUT/failed_nb" 2>&1 \
+timeout -s INT "${NB_BUDGET:-330}" python3 tools/run_notebooks.py --inplace --allow-errors --timeout 300 --out "$OUT/failed_nb" 2>&1 \
   | grep -v "it/s" | tee "$OUT/notebooks_log.txt"
 echo "== gpu tests with $(left) s left"
 mkdir -p results/gpu; rm -f results/gpu/{junit.xml,stress.json,repeat.json,bf16.json,sync.json}

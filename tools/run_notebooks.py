@@ -24,6 +24,8 @@ def main():
     p.add_argument("--inplace", action="store_true", help="write the executed notebooks back")
     p.add_argument("--out", default=None, help="folder for executed copies (default: a temp dir)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    p.add_argument("--allow-errors", action="store_true",
+                   help="run every cell even after one fails (errors are listed, the exit code is 1)")
     args = p.parse_args()
     if args.smoke and args.inplace:
         sys.exit("--smoke never overwrites the committed notebooks; drop --inplace")
@@ -39,12 +41,17 @@ def main():
         t0 = time.perf_counter()
         try:
             NotebookClient(nb, timeout=args.timeout, kernel_name="python3", store_widget_state=True,
+                           allow_errors=args.allow_errors,
                            resources={"metadata": {"path": str(path.parent)}}).execute()
-            status = "ok"
+            errors = [f"cell {i}: {o.get('ename')}: {o.get('evalue', '')[:200]}" for i, c in enumerate(nb.cells)
+                      for o in c.get("outputs", []) if o.get("output_type") == "error"]
+            status = "ok" if not errors else "ERRORS: " + " | ".join(errors)
+            if errors:
+                failed.append(path.name)
         except Exception as exc:  # keep going: report every notebook
             status = f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[-1][:300] if str(exc) else ''}"
             failed.append(path.name)
-        target = path if args.inplace and not failed[-1:] == [path.name] else out / path.name
+        target = path if args.inplace and (args.allow_errors or failed[-1:] != [path.name]) else out / path.name
         nbformat.write(nb, target)
         print(f"{path.name}: {status} ({time.perf_counter() - t0:.0f} s) -> {target}", flush=True)
     if failed:
