@@ -18,10 +18,17 @@ def test_notebook_smoke(path, tmp_path):
     assert (tmp_path / path.name).exists()
 
 
-def test_committed_notebooks_carry_gpu_outputs():
-    # the rendered book shows what is committed: each chapter must hold the outputs of a GPU run
+def test_committed_notebooks_carry_gpu_outputs_or_say_they_are_pending():
+    # the rendered book shows what is committed: a chapter carries the outputs of a GPU run, or none at
+    # all and an "Outputs pending" notice; never the outputs of a CPU smoke run
     import json
     for path in NOTEBOOKS:
         nb = json.loads(path.read_text())
-        outs = json.dumps([c.get("outputs", []) for c in nb["cells"] if c["cell_type"] == "code"])
-        assert "H200" in outs or "NVIDIA" in outs, f"{path.name} has no outputs from a GPU run"
+        code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        outs = json.dumps([c.get("outputs", []) for c in code])
+        if any(c.get("outputs") for c in code):
+            assert "H200" in outs or "NVIDIA" in outs, f"{path.name} has outputs, but not from a GPU run"
+            assert "SMOKE RUN" not in outs, f"{path.name} carries the outputs of a smoke run"
+        else:
+            prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+            assert "Outputs pending" in prose, f"{path.name} has no outputs and does not say why"
