@@ -2,6 +2,8 @@
 # The GPU pass that fills the book: execute every chapter in place on the GPU host, then the GPU test
 # suite with the time that is left (interrupted cleanly at the budget, so its report is still written).
 # From the repo root on the GPU host:  OUT=/somewhere TOTAL=480 bash tools/gpu_final.sh
+# Give the device call a limit at least 90 s above TOTAL: a call killed at its limit returns nothing, so
+# the executed chapters are packed into $OUT/notebooks.tgz as soon as their phase ends, before the tests.
 set -u
 OUT=${OUT:-gpu_out}; TOTAL=${TOTAL:-480}; mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -13,8 +15,9 @@ T0=$(date +%s)
 left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
 python3 -m fastgen_lib check | tee "$OUT/check.txt"
 echo "== notebooks"
-timeout -s INT "${NB_BUDGET:-330}" python3 tools/run_notebooks.py --inplace --allow-errors --timeout 300 --out "$OUT/failed_nb" 2>&1 \
-  | grep -v "it/s" | tee "$OUT/notebooks_log.txt"
+timeout -s INT -k 20 "${NB_BUDGET:-330}" python3 tools/run_notebooks.py --inplace --allow-errors --timeout 300 \
+  --out "$OUT/failed_nb" 2>&1 | grep --line-buffered -v "it/s" | tee "$OUT/notebooks_log.txt"
+tar czf "$OUT/notebooks.tgz" notebooks
 echo "== gpu tests with $(left) s left"
 mkdir -p results/gpu; rm -f results/gpu/{junit.xml,stress.json,repeat.json,bf16.json,sync.json}
 { echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')   git: $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
