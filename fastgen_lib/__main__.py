@@ -81,8 +81,11 @@ def cmd_bench(args):
             ns = args.new_tokens if dtype == args.dtype[0] else [n for n in args.new_tokens if n == 100]
             if not ns:
                 continue
+            partial = os.path.join(args.out, f"sweep_partial_{dtype}.csv") if args.out else None
+            if partial:
+                os.makedirs(args.out, exist_ok=True)
             frames.append(bench.sweep(model, args.batch, ns, methods, args.repeats, args.prompt_len, bw,
-                                      skip=bench.default_skip))
+                                      skip=bench.default_skip, checkpoint=partial))
             del model
         df = pd.concat(frames, ignore_index=True)
     else:

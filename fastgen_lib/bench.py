@@ -63,14 +63,17 @@ def add_ratios_and_floor(df, config, bandwidth=None):
 
 
 def sweep(model, batches=(1, 4, 8, 16, 32), new_tokens=(50, 100, 200, 400), methods=METHODS, repeats=3,
-          prompt_len=16, bandwidth=None, skip=None):
+          prompt_len=16, bandwidth=None, skip=None, checkpoint=None):
     """`ladder` over a grid. `skip(method, batch, new_tokens) -> bool` leaves out expensive cells (naive
-    at 400 tokens, hf_static's per-shape recompiles) while keeping the grid honest about it."""
+    at 400 tokens, hf_static's per-shape recompiles) while keeping the grid honest about it. With
+    `checkpoint` (a CSV path), the rows so far are written after every cell, so a run cut short keeps them."""
     frames = []
     grid = list(itertools.product(batches, new_tokens))
     for batch, n in tqdm(grid, desc="sweep"):
         ms = [m for m in methods if not (skip and skip(m, batch, n))]
         frames.append(ladder(model, batch, prompt_len, n, ms, repeats, bandwidth, progress=False))
+        if checkpoint:
+            pd.concat(frames, ignore_index=True).to_csv(checkpoint, index=False)
     return pd.concat(frames, ignore_index=True)
 
 

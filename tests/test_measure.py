@@ -121,3 +121,12 @@ def test_claims_on_a_synthetic_sweep():
     assert c.measured.iloc[0] == 3.5 and c.holds.iloc[0]
     assert c.measured.iloc[2] == 15.0 and c.holds.iloc[2]
     assert c.measured.iloc[4] == pytest.approx(10.0)  # interleaving gain at batch 1, %
+
+
+def test_sweep_checkpoints_after_every_cell(model, tmp_path):
+    path = tmp_path / "partial.csv"
+    df = bench.sweep(model, batches=(1, 2), new_tokens=(3,), methods=["kv_cache", "naive"], repeats=1,
+                     prompt_len=4, skip=lambda m, b, n: m == "naive" and b == 2, checkpoint=path)
+    saved = pd.read_csv(path)
+    assert len(df) == len(saved) == 3 and set(saved.batch) == {1, 2}
+    assert not ((saved.method == "naive") & (saved.batch == 2)).any()  # skipped cells are absent, not guessed
