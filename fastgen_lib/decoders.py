@@ -52,7 +52,8 @@ def _mix(x):
 def gumbel_noise(seed, step, batch, vocab, device):
     """Gumbel noise [batch, vocab] as a pure function of (seed, step, row, token id): sampling needs no RNG
     state and no host sync, replays inside a CUDA graph, and every decoder draws the same numbers.
-    `seed` and `step` are int64 tensors (0-d), so a new seed or step never recompiles."""
+    `seed` is an int64 tensor (0-d) and `step` one too in the compiled step (a Python int in the eager
+    loops): a new seed or step never recompiles, and both give the same numbers."""
     row = torch.arange(batch, device=device)[:, None]
     tok = torch.arange(vocab, device=device)[None, :]
     x = _mix(_mix(_mix(seed) ^ step) ^ (row * vocab + tok))
@@ -117,7 +118,7 @@ def naive(model, input_ids, attention_mask, gen):
     for i in range(gen.max_new_tokens):
         n = T + i
         logits = forward(model, out[:, :n], mask[:, :n], pos[:, :n])
-        out[:, n] = choose(logits, finished, torch.tensor(n), seed, gen)
+        out[:, n] = choose(logits, finished, n, seed, gen)
         if finished.all().item():  # host waits for the GPU here, every step
             return out[:, : n + 1]
     return out
@@ -132,7 +133,7 @@ def kv_cache(model, input_ids, attention_mask, gen):
     logits = forward(model, input_ids, mask[:, :T], pos[:, :T], cache)  # prefill: the whole prompt once
     for i in range(gen.max_new_tokens):
         n = T + i
-        out[:, n] = choose(logits, finished, torch.tensor(n), seed, gen)
+        out[:, n] = choose(logits, finished, n, seed, gen)
         if i == gen.max_new_tokens - 1 or finished.all().item():  # host waits for the GPU here
             return out[:, : n + 1]
         logits = forward(model, out[:, n : n + 1], mask[:, : n + 1], pos[:, n : n + 1], cache)
@@ -147,7 +148,7 @@ def static_cache(model, input_ids, attention_mask, gen):
     logits = forward(model, input_ids, mask, pos[:, :T], cache)  # the mask spans the whole cache
     for i in range(gen.max_new_tokens):
         n = T + i
-        out[:, n] = choose(logits, finished, torch.tensor(n), seed, gen)
+        out[:, n] = choose(logits, finished, n, seed, gen)
         if i == gen.max_new_tokens - 1 or finished.all().item():  # host waits for the GPU here
             return out[:, : n + 1]
         logits = forward(model, out[:, n : n + 1], mask, pos[:, n : n + 1], cache)
