@@ -62,43 +62,35 @@ def cmd_generate(args):
 
 
 def cmd_bench(args):
+    import pandas as pd
+
     from . import bench, measure, plots
-    from .decoders import DECODERS
+    from .models import default_size, load_model
     methods = args.methods or bench.METHODS
     for m in methods:
         if m not in bench.METHODS:
             sys.exit(f"unknown method {m!r}: choose from {', '.join(bench.METHODS)}")
-    from .models import default_size
     size = args.size or default_size()
     print(json.dumps(measure.conditions()), f"size={size}", " ".join(sys.argv), sep="\n")
-    if args.sweep:
-        import pandas as pd
-        from .models import load_model
-        frames, bw = [], measure.measure_bandwidth()
-        for dtype in args.dtype:
-            model = load_model(size, dtype=getattr(torch, dtype))
-            # float32 is the article's setting and gets the whole grid; other dtypes the 100-token column
-            ns = args.new_tokens if dtype == args.dtype[0] else [n for n in args.new_tokens if n == 100]
-            if not ns:
-                continue
-            partial = os.path.join(args.out, f"sweep_partial_{dtype}.csv") if args.out else None
-            if partial:
-                os.makedirs(args.out, exist_ok=True)
+    bw, frames = measure.measure_bandwidth(), []
+    for dtype in args.dtype:
+        model = load_model(size, dtype=getattr(torch, dtype))
+        if not args.sweep:
+            frames += [bench.ladder(model, b, args.prompt_len, n, methods, args.repeats, bw)
+                       for b in args.batch for n in args.new_tokens]
+            continue
+        # float32 is the article's setting and gets the whole grid; other dtypes the 100-token column
+        ns = args.new_tokens if dtype == args.dtype[0] else [n for n in args.new_tokens if n == 100]
+        partial = None
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            partial = os.path.join(args.out, f"sweep_partial_{dtype}.csv")
+        if ns:
             frames.append(bench.sweep(model, args.batch, ns, methods, args.repeats, args.prompt_len, bw,
                                       skip=bench.default_skip, checkpoint=partial))
-            del model
-        df = pd.concat(frames, ignore_index=True)
-    else:
-        frames, bw = [], None
-        for dtype in args.dtype:
-            df_d, bw = bench.run_ladder_cli(size, dtype, args.batch, args.new_tokens, args.prompt_len, methods,
-                                            args.repeats)
-            frames.append(df_d)
-        import pandas as pd
-        df = pd.concat(frames, ignore_index=True)
+    df = pd.concat(frames, ignore_index=True)
     if bw:
         print(f"measured device-to-device bandwidth: {bw / 1e12:.2f} TB/s")
-    import pandas as pd
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.3g}".format):
         for (b, n, d), g in df.groupby(["batch", "max_new_tokens", "dtype"]):
             print(f"\nbatch {b}, prompt {args.prompt_len}, {n} new tokens, {d}:")

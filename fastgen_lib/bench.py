@@ -128,12 +128,3 @@ def summary(df):
     if "floor_ms_per_step" in df:
         cols += ["floor_ms_per_step", "x_floor"]
     return df[[c for c in cols if c in df]]
-
-
-def run_ladder_cli(size, dtype, batches, new_tokens, prompt_len, methods, repeats):
-    """`python -m fastgen_lib bench`: the ladder on this machine, one table per batch size."""
-    from .models import load_model
-    model = load_model(size, dtype=getattr(torch, dtype))
-    bw = measure.measure_bandwidth()
-    frames = [ladder(model, b, prompt_len, n, methods, repeats, bw) for b in batches for n in new_tokens]
-    return pd.concat(frames, ignore_index=True), bw
