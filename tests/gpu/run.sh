@@ -2,7 +2,8 @@
 # GPU reliability run (issue 5), from the repo root on a CUDA host:
 #     bash tests/gpu/run.sh                  # everything
 #     bash tests/gpu/run.sh pytest           # only the pytest suite  (~6-8 min on an H200, mostly compiles)
-#     bash tests/gpu/run.sh sanitizer        # only compute-sanitizer (up to 2 x 240 s)
+#     bash tests/gpu/run.sh sanitizer        # only compute-sanitizer (warm-up + 2 tools, up to 240 s each)
+# PYTEST_BUDGET and SANITIZER_BUDGET (seconds) bound the stages; a stage cut short still leaves its report.
 # Results and report.md go to $FASTGEN_REPORT_DIR (default results/gpu); a stage not run this time is
 # reported from an earlier run's files there, if any. Every stage runs even if an earlier one failed; the
 # exit codes are collected and the report is always written. Exit 1 if anything failed.
@@ -12,7 +13,7 @@ OUT=${FASTGEN_REPORT_DIR:-results/gpu}
 export FASTGEN_REPORT_DIR=$OUT
 mkdir -p "$OUT"
 STAGES=" ${*:-pytest sanitizer} "
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python3 || command -v python)}
 pytest_rc=skipped memcheck_rc=skipped racecheck_rc=skipped
 
 {
@@ -28,8 +29,11 @@ nvidia-smi 2>&1 | tee "$OUT/nvidia-smi.txt"
 if [[ $STAGES == *" pytest "* ]]; then
   echo "== pytest -m gpu tests/gpu"
   rm -f "$OUT"/{junit.xml,stress.json,repeat.json,bf16.json,sync.json}  # no stale numbers in the report
-  "$PY" -m pytest -m gpu tests/gpu -v -rA --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
-  pytest_rc=${PIPESTATUS[0]}
+  # SIGINT at the budget: pytest stops cleanly and still writes its junit XML (so no pipe to tee here)
+  timeout -s INT -k 30 "${PYTEST_BUDGET:-3600}" "$PY" -m pytest -m gpu tests/gpu -v -rA \
+    --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
+  pytest_rc=$?
+  tail -40 "$OUT/pytest.log"
 fi
 
 if [[ $STAGES == *" sanitizer "* ]]; then
@@ -43,12 +47,13 @@ if [[ $STAGES == *" sanitizer "* ]]; then
     # in-process compiles (no worker pool for the sanitizer to follow), and one plain run first so the
     # sanitized runs find their kernels in inductor's cache
     export TORCHINDUCTOR_COMPILE_THREADS=1
+    SB=$(( ${SANITIZER_BUDGET:-720} / 3 ))  # warm-up, memcheck, racecheck
     echo "== warm-up: python tests/gpu/sanitize_run.py"
-    timeout 240 "$PY" tests/gpu/sanitize_run.py 2>&1 | tee "$OUT/sanitize_warmup.log"
+    timeout "$SB" "$PY" tests/gpu/sanitize_run.py 2>&1 | tee "$OUT/sanitize_warmup.log"
     for tool in memcheck racecheck; do
       echo "== $SAN --tool $tool"
       # API return codes are torch's to check (it probes and handles some on purpose): count kernel errors only
-      timeout -k 10 240 "$SAN" --tool "$tool" --report-api-errors no --target-processes application-only \
+      timeout -k 10 "$SB" "$SAN" --tool "$tool" --report-api-errors no --target-processes application-only \
         "$PY" tests/gpu/sanitize_run.py > "$OUT/sanitizer_$tool.log" 2>&1
       rc=$?
       grep -E "ERROR SUMMARY|sanitize_run" "$OUT/sanitizer_$tool.log" || echo "(no summary; exit $rc)"
