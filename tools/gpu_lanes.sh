@@ -45,8 +45,9 @@ run_job() {  # run_job JOB LOG
     sweep_fp32|sweep_bf16)
       local dt=float32; [ "$1" = sweep_bf16 ] && dt=bfloat16
       nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+      local ns=$NEW_TOKENS; [ "$1" = sweep_bf16 ] && ns=${BF16_TOKENS:-$NEW_TOKENS}
       timeout -s INT -k 20 "$b" python3 -m fastgen_lib bench --sweep --dtype $dt --batch $BATCHES \
-        --new-tokens $NEW_TOKENS --repeats 3 --out "$OUT/h200_$dt" 2>&1 | grep --line-buffered -v "it/s\]" ;;
+        --new-tokens $ns --repeats 3 --out "$OUT/h200_$dt" 2>&1 | grep --line-buffered -v "it/s\]" ;;
     ab_sdpa)
       mkdir -p "$OUT/ab_sdpa"
       for i in 1 2; do for mode in auto math; do
@@ -76,5 +77,7 @@ if [ "$NGPU" -ge 2 ]; then
 else
   { lane 0 ${LANE0:-}; lane 0 ${LANE1:-}; } > "$OUT/lane0.log" 2>&1
 fi
+# the device tool brings back only a few files: everything but the notebooks goes in one archive
+(cd "$OUT" && tar czf results.tgz --exclude=notebooks.tgz --exclude=results.tgz . )
 for f in "$OUT"/lane*.log; do echo "######## $f"; tail -c 4000 "$f"; done
 echo "total $(( $(date +%s) - T0 )) s"

@@ -47,9 +47,9 @@ if [[ $STAGES == *" sanitizer "* ]]; then
     # in-process compiles (no worker pool for the sanitizer to follow), and one plain run first so the
     # sanitized runs find their kernels in inductor's cache
     export TORCHINDUCTOR_COMPILE_THREADS=1
-    SB=$(( ${SANITIZER_BUDGET:-720} / 3 ))  # warm-up, memcheck, racecheck
+    SB=$(( (${SANITIZER_BUDGET:-720} - 90) / 2 ))  # after a warm-up of at most 90 s: memcheck, racecheck
     echo "== warm-up: python tests/gpu/sanitize_run.py"
-    timeout "$SB" "$PY" tests/gpu/sanitize_run.py 2>&1 | tee "$OUT/sanitize_warmup.log"
+    timeout 90 "$PY" tests/gpu/sanitize_run.py 2>&1 | tee "$OUT/sanitize_warmup.log"
     for tool in memcheck racecheck; do
       echo "== $SAN --tool $tool"
       # API return codes are torch's to check (it probes and handles some on purpose): count kernel errors only
