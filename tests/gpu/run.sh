@@ -53,7 +53,10 @@ if [[ $STAGES == *" sanitizer "* ]]; then
     for tool in memcheck racecheck; do
       echo "== $SAN --tool $tool"
       # API return codes are torch's to check (it probes and handles some on purpose): count kernel errors only
-      timeout -k 10 "$SB" "$SAN" --tool "$tool" --report-api-errors no --target-processes application-only \
+      # --launch-timeout 0: the default (10 s) is shorter than python's start with torch, and the sanitizer
+      # then gives up with "No attachable process found" (seen on the H200, 2026-11-29)
+      timeout -k 10 "$SB" "$SAN" --tool "$tool" --launch-timeout 0 --report-api-errors no \
+        --target-processes application-only \
         "$PY" tests/gpu/sanitize_run.py > "$OUT/sanitizer_$tool.log" 2>&1
       rc=$?
       grep -E "ERROR SUMMARY|sanitize_run" "$OUT/sanitizer_$tool.log" || echo "(no summary; exit $rc)"
