@@ -42,9 +42,13 @@ def sanitizer_line(tool, rc, log):
     if rc == "notfound":
         return f"- {tool}: compute-sanitizer not found"
     text = log.read_text(errors="replace") if log.exists() else ""
+    # memcheck ends with "ERROR SUMMARY: N errors"; racecheck with "RACECHECK SUMMARY: H hazards displayed
+    # (N errors, W warnings)"
     counts = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", text)]
+    counts += [int(n) for n in re.findall(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?", text)]
+    warn = sum(int(n) for n in re.findall(r"RACECHECK SUMMARY: .*?(\d+) warnings?\)", text))
     ok = "sanitize_run: OK" in text
-    summary = f"{sum(counts)} errors" if counts else "no ERROR SUMMARY line"
+    summary = (f"{sum(counts)} errors" + (f", {warn} warnings" if warn else "")) if counts else "no summary line"
     when = "an earlier run" if rc == "skipped" else f"exit {rc}"
     return f"- {tool}: {summary} ({when}; workload tokens {'match' if ok else 'NOT confirmed'}); see {log.name}"
 
