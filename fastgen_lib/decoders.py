@@ -171,10 +171,11 @@ def decode_step(model, cache, gen, tok, step_pos, mask, col, seed, finished, out
 
 def decode_attention():
     """The attention path traced into the compiled step: PyTorch's own choice unless FASTGEN_DECODE_SDPA=math.
-    On the H200 the fused memory-efficient kernel took a third of a float32 step at batch 1 (18 us per layer
-    for one query token against ~116 keys: results/h200/profile_interleaved_log.txt). The math path would
-    compile to two small matmuls and one fused masked softmax; we predict ~10 us per layer, i.e. about 0.1 ms
-    per step at batch 1, but have not measured it yet, so it is opt-in (an A/B for chapter 8's exercise)."""
+    On the H200 the fused memory-efficient kernel takes a third of a float32 step at batch 1 (18 us per layer
+    for one query token: results/h200/profile_interleaved_log.txt). We predicted the math path would save
+    ~0.1 ms per step; measured (results/h200/ab_sdpa.csv, two fresh processes per setting), it did not:
+    interleaved at batch 1 ran 0.743/0.789 ms per step with PyTorch's choice and 0.775/0.812 with math (no
+    profile of the math variant's kernels yet). So it stays opt-in, for chapter 8's exercise."""
     if os.environ.get("FASTGEN_DECODE_SDPA", "auto") == "math":
         return sdpa_kernel([SDPBackend.MATH])
     return contextlib.nullcontext()

@@ -20,8 +20,10 @@ def footer(fig, cond, extra=""):
         cond = cond.iloc[0].to_dict()
     parts = [str(cond.get("gpu", "")), f"torch {cond.get('torch', '')}",
              f"transformers {cond.get('transformers', '')}", str(cond.get("dtype", ""))]
-    if cond.get("alloc_conf"):
+    if isinstance(cond.get("alloc_conf"), str) and cond["alloc_conf"]:  # a CSV's empty cell reads back as NaN
         parts.append(f"PYTORCH_ALLOC_CONF={cond['alloc_conf']}")
+    if cond.get("repeats") == cond.get("repeats") and cond.get("repeats") is not None:
+        parts.append(f"prompt {cond.get('prompt_len')}, median of {cond['repeats']} runs after a warm-up")
     fig.text(0.01, 0.005, " | ".join(p for p in parts if p) + (f" | {extra}" if extra else ""),
              fontsize=7, color="0.35", ha="left", va="bottom")
     fig.subplots_adjust(bottom=0.2)
@@ -115,7 +117,11 @@ def sweep_lines(df, cond=None):
             ax.loglog(h.batch, h.tokens_per_s, "o-", color=COLORS[m], label=m)
         ax.set(title=f"{n} new tokens", xlabel="batch")
     axes[0, 0].set_ylabel("tokens / s")
-    axes[0, -1].legend(fontsize=7)
+    # one legend for the figure: a panel may lack methods the sweep skipped at that length
+    present = [m for m in ORDER if m in set(df.method)]
+    handles = [plt.Line2D([], [], color=COLORS[m], marker="o", label=m) for m in present]
+    fig.legend(handles=handles, loc="upper center", ncol=len(present), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 0.92))
     footer(fig, cond if cond is not None else df)
     return fig
 
