@@ -144,7 +144,11 @@ FRAG_KEYS = {
 def memory_run(fn, history=True):
     """Run `fn()` on a clean allocator and report fragmentation: peak allocated and reserved, their
     difference, inactive split bytes, segments and allocation retries (`torch.cuda.memory_stats`), and
-    with `history` the allocator's event trace turned into an allocated-vs-reserved timeline."""
+    with `history` the allocator's event trace turned into an allocated-vs-reserved timeline.
+    "Peak" starts from what the allocator already holds: `empty_cache` frees only wholly free segments, so
+    in a process that ran other work first the peaks include its leftovers. The `before_*` columns say how
+    much (on the H200, a notebook kernel held ~1 GB of inactive split before its measured run); a fresh
+    process (`fresh_process`) starts clean."""
     if not torch.cuda.is_available():
         raise RuntimeError("memory_run needs CUDA: the caching allocator is what it measures")
     sync()
@@ -165,6 +169,9 @@ def memory_run(fn, history=True):
     mb = 2**20
     out = {k: stats.get(v, 0) / mb for k, v in FRAG_KEYS.items()}
     out["peak_reserved_minus_allocated_mb"] = out["peak_reserved_mb"] - out["peak_allocated_mb"]
+    out["before_reserved_minus_allocated_mb"] = (base.get("reserved_bytes.all.current", 0)
+                                                 - base.get("allocated_bytes.all.current", 0)) / mb
+    out["before_inactive_split_mb"] = base.get("inactive_split_bytes.all.current", 0) / mb
     out["segments"] = stats.get("segment.all.current", 0)
     out["segment_allocs"] = stats.get("segment.all.allocated", 0) - base.get("segment.all.allocated", 0)
     out["alloc_retries"] = stats.get("num_alloc_retries", 0) - base.get("num_alloc_retries", 0)
