@@ -11,7 +11,8 @@ def test_sanitizer_summaries_are_counted(tmp_path):
     mem, race = tmp_path / "m.log", tmp_path / "r.log"
     mem.write_text("========= COMPUTE-SANITIZER\nsanitize_run: OK; output (3, 18)\n========= ERROR SUMMARY: 2 errors\n")
     race.write_text("sanitize_run: OK\n========= RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)\n")
-    assert report.sanitizer_line("memcheck", "0", mem).startswith("- memcheck: 2 errors (exit 0; workload tokens match)")
+    line = report.sanitizer_line("memcheck", "0", mem)
+    assert line.startswith("- memcheck: 2 errors (exit 0; workload tokens match)"), line
     assert report.sanitizer_line("racecheck", "0", race).startswith("- racecheck: 1 errors, 2 warnings")
 
 

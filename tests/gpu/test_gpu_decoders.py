@@ -157,8 +157,8 @@ def test_cases_really_stop_at_different_steps(model, outputs):
 
 def test_stress_interleaved_matches_compiled(model, monkeypatch):
     """Random batch 1-8 (mixed prompt lengths, cache length fixed at 40), EOS bias in [0, 3], greedy or sampled
-    (random seed; temperature 0.7 without top-k or 1.3 with top-k 50: each setting is a compile and a runner). The reference is
-    `compiled`: the very same graphs, replayed on one stream with a host sync per step, so any difference is
+    (random seed; temperature 0.7 without top-k, or 1.3 with top-k 50: each setting is a compile and a
+    runner). The reference is `compiled`: the very same graphs, replayed on one stream with a host sync per step, so any difference is
     the ping-pong's fault (ordering, flags, early exit), never rounding. To shake the ordering, a random 20%
     of interleaved steps start with a GPU spin (the GPU falls behind the host) and 5% of flag reads with a
     host sleep (the host falls behind). 8 runners are kept, so new runners are built and dropped throughout."""

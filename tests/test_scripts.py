@@ -1,0 +1,26 @@
+"""The shell scripts that run on the GPU host cannot run here, but they must at least parse: a syntax error
+found there costs a device call."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("tools/*.sh"), *ROOT.glob("tests/gpu/*.sh"),
+                                                    ROOT / ".ci" / "run"])
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_parses(script):
+    r = subprocess.run(["bash", "-n", str(ROOT / script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_gpu_lanes_runs_every_job_its_header_lists():
+    text = (ROOT / "tools" / "gpu_lanes.sh").read_text()
+    header = text[text.index("# Jobs"):text.index("# A job gets")]
+    jobs = re.findall(r"^#   (\w+) {2,}", header, re.M)
+    arms = re.findall(r"^    ([\w|]+)\)", text[text.index("case $1 in"):text.index("esac")], re.M)
+    handled = {job for arm in arms for job in arm.split("|")}
+    assert len(jobs) >= 6 and set(jobs) <= handled, (jobs, handled)
