@@ -40,6 +40,7 @@ def test_bench_on_the_tiny_model(tmp_path):
             "--methods", "naive", "kv_cache", "static_cache", "hf_dynamic")
     assert p.returncode == 0, p.stderr
     assert "x_vs_naive" in p.stdout and "claims:" in p.stdout
+    assert "they only show that the code runs" in p.stdout  # the tiny model's claims are not the H200's
     assert (tmp_path / "ladder.csv").exists() and (tmp_path / "ladder_b1_n4_float32.png").exists()
 
 
