@@ -339,8 +339,8 @@ def row_agreement(model, ids, mask, ref, out):
 def test_bfloat16_decoders():
     """bf16: every decoder runs; against model.generate (like with like, bf16 too) we record per row how many
     leading tokens agree and the top-2 gap where they part, and require the FIRST new token to agree on >= 90%
-    of rows for kv_cache and interleaved. Not always exactly: bf16 keeps 8 bits of precision (7 stored), so a logit near 4
-    is only known to ~0.016; two logits closer than that are a near-tie that any change in the order of a sum
+    of rows for kv_cache and interleaved. Not always exactly: bf16 keeps 8 bits of precision (7 stored), so a
+    logit near 4 is only known to ~0.016; two logits closer than that are a near-tie that any change in the order of a sum
     (SDPA over 16 vs 56 cached positions, inductor's fused kernels vs eager) can flip, and random weights
     leave a top-2 gap below 0.02 in a few percent of steps. After a flip the rows continue from different
     tokens, so later agreement is reported, not asserted. deferred/interleaved still equal compiled exactly."""
