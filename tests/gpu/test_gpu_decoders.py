@@ -156,12 +156,12 @@ def test_cases_really_stop_at_different_steps(model, outputs):
 # --- 2. stress: interleaved vs compiled ------------------------------------------------------------------
 
 def test_stress_interleaved_matches_compiled(model, monkeypatch):
-    """Random batch 1-8 (mixed prompt lengths, cache length fixed at 40), EOS bias in [0, 3], greedy or sampled
-    (random seed; temperature 0.7 without top-k, or 1.3 with top-k 50: each setting is a compile and a
-    runner). The reference is `compiled`: the very same graphs, replayed on one stream with a host sync per step, so any difference is
-    the ping-pong's fault (ordering, flags, early exit), never rounding. To shake the ordering, a random 20%
-    of interleaved steps start with a GPU spin (the GPU falls behind the host) and 5% of flag reads with a
-    host sleep (the host falls behind). 8 runners are kept, so new runners are built and dropped throughout."""
+    """Random batch 1-8 (mixed prompt lengths, cache length fixed at 40), EOS bias in [0, 3], greedy or sampled (random
+    seed; temperature 0.7 without top-k, or 1.3 with top-k 50: each setting is a compile and a runner). The
+    reference is `compiled`: the very same graphs, replayed on one stream with a host sync per step, so any
+    difference is the ping-pong's fault (ordering, flags, early exit), never rounding. To shake the ordering, a
+    random 20% of interleaved steps start with a GPU spin (the GPU falls behind the host) and 5% of flag reads with
+    a host sleep (the host falls behind). 8 runners are kept, so new runners are built and dropped throughout."""
     cases = int(os.environ.get("FASTGEN_STRESS_CASES", 1000))
     rng, jit = random.Random(1234), random.Random(99)
     jitter = [False]
@@ -337,13 +337,13 @@ def row_agreement(model, ids, mask, ref, out):
 
 
 def test_bfloat16_decoders():
-    """bf16: every decoder runs; against model.generate (like with like, bf16 too) we record per row how many
-    leading tokens agree and the top-2 gap where they part, and require the FIRST new token to agree on >= 90%
-    of rows for kv_cache and interleaved. Not always exactly: bf16 keeps 8 bits of precision (7 stored), so a
-    logit near 4 is only known to ~0.016; two logits closer than that are a near-tie that any change in the order of a sum
-    (SDPA over 16 vs 56 cached positions, inductor's fused kernels vs eager) can flip, and random weights
-    leave a top-2 gap below 0.02 in a few percent of steps. After a flip the rows continue from different
-    tokens, so later agreement is reported, not asserted. deferred/interleaved still equal compiled exactly."""
+    """bf16: every decoder runs; against model.generate (like with like, bf16 too) we record per row how many leading
+    tokens agree and the top-2 gap where they part, and require the FIRST new token to agree on >= 90% of rows for
+    kv_cache and interleaved. Not always exactly: bf16 keeps 8 bits of precision (7 stored), so a logit near 4 is
+    only known to ~0.016; two logits closer than that are a near-tie that any change in the order of a sum (SDPA
+    over 16 vs 56 cached positions, inductor's fused kernels vs eager) can flip, and random weights leave a top-2
+    gap below 0.02 in a few percent of steps. After a flip the rows continue from different tokens, so later
+    agreement is reported, not asserted. deferred/interleaved still equal compiled exactly."""
     m = fg.load_model("124m", device="cuda", dtype=torch.bfloat16, weights="random")
     B, N = 32, 16
     ids, mask = fg.make_batch(B, T1, mixed=True, seed=7, device="cuda")
