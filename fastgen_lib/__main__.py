@@ -71,9 +71,19 @@ def cmd_bench(args):
         if m not in bench.METHODS:
             sys.exit(f"unknown method {m!r}: choose from {', '.join(bench.METHODS)}")
     size = args.size or default_size()
-    print(json.dumps(measure.conditions()), f"size={size}", " ".join(sys.argv), sep="\n")
-    bw, frames = measure.measure_bandwidth(), []
-    for dtype in args.dtype:
+    if args.merge:  # no measuring: CSVs from earlier runs (e.g. a sweep split over GPUs) -> one CSV + figures
+        missing = [f for f in args.merge if not os.path.exists(f)]
+        if missing or not args.out:
+            sys.exit(f"--merge needs existing CSVs and --out (missing: {', '.join(missing) or 'none'})")
+        frames = [pd.read_csv(f) for f in args.merge]
+        joined = pd.concat(frames)
+        on_gpu = not joined.gpu.str.startswith("CPU").any()
+        args.sweep, bw = any("sweep" in os.path.basename(f) for f in args.merge), None
+        size = "124m" if on_gpu and joined.params_m.min() > 100 else "tiny"
+    else:
+        print(json.dumps(measure.conditions()), f"size={size}", " ".join(sys.argv), sep="\n")
+        bw, frames = measure.measure_bandwidth(), []
+    for dtype in [] if args.merge else args.dtype:
         model = load_model(size, dtype=getattr(torch, dtype))
         if not args.sweep:
             frames += [bench.ladder(model, b, args.prompt_len, n, methods, args.repeats, bw)
@@ -93,9 +103,9 @@ def cmd_bench(args):
         print(f"measured device-to-device bandwidth: {bw / 1e12:.2f} TB/s")
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.3g}".format):
         for (b, n, d), g in df.groupby(["batch", "max_new_tokens", "dtype"]):
-            print(f"\nbatch {b}, prompt {args.prompt_len}, {n} new tokens, {d}:")
+            print(f"\nbatch {b}, prompt {g.prompt_len.iloc[0]}, {n} new tokens, {d}:")
             print(bench.summary(g).drop(columns=["batch"]).to_string(index=False))
-        print("\nclaims:" + ("" if torch.cuda.is_available() and size == "124m" else
+        print("\nclaims:" + ("" if (torch.cuda.is_available() or args.merge) and size == "124m" else
                              f" (stated for GPT-2 124M on a GPU; with the {size} model on this "
                              f"{'GPU' if torch.cuda.is_available() else 'CPU'} they only show that the code runs)"))
         print(bench.claims(df).to_string(index=False))
@@ -182,6 +192,8 @@ def main(argv=None):
                    help="the grid: batch x new tokens for the first dtype, the 100-token column for the others "
                         "(eager methods only where cheap: see bench.default_skip)")
     b.add_argument("--out", default=None, help="folder for the CSV and figures (e.g. results/h200)")
+    b.add_argument("--merge", nargs="+", default=None, metavar="CSV",
+                   help="measure nothing: join these ladder/sweep CSVs into one, with its claims and figures, in --out")
     m = sub.add_parser("memory", help="fragmentation of one decoder in this process")
     common(m, batch=(8,), new_tokens=(200,))
     m.add_argument("--decoder", choices=list(DECODERS), default="kv_cache")

@@ -18,7 +18,9 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import DynamicCache, StaticCache
+from transformers import AttentionInterface, DynamicCache, StaticCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 MAX_RUNNERS = 8  # compiled runners (cache + graphs) kept per model; the oldest is dropped first
 
@@ -169,16 +171,55 @@ def decode_step(model, cache, gen, tok, step_pos, mask, col, seed, finished, out
     done.copy_(finished.all())
 
 
-def decode_attention():
-    """The attention path traced into the compiled step: PyTorch's own choice unless FASTGEN_DECODE_SDPA=math.
-    On the H200 the fused memory-efficient kernel takes a third of a float32 step at batch 1 (18 us per layer
-    for one query token: results/h200/profile_interleaved_log.txt). We predicted the math path would save
-    ~0.1 ms per step; measured (results/h200/ab_sdpa.csv, two fresh processes per setting), it did not:
-    interleaved at batch 1 ran 0.743/0.789 ms per step with PyTorch's choice and 0.775/0.812 with math (no
-    profile of the math variant's kernels yet). So it stays opt-in, for chapter 8's exercise."""
-    if os.environ.get("FASTGEN_DECODE_SDPA", "auto") == "math":
-        return sdpa_kernel([SDPBackend.MATH])
-    return contextlib.nullcontext()
+def one_query_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention for a decode step (one query token) as plain tensor math, so that torch.compile fuses it
+    into a few small reductions. Shapes: query [B, H, 1, D], key/value [B, H, S, D] (the whole static cache),
+    attention_mask bool [B, 1, 1, S] (True = attend). Returns [B, 1, H, D], like transformers' kernels.
+    Longer queries (the prefill) go to SDPA. Why: PyTorch's fused kernel runs one query token against a
+    116-slot cache in 18 us per layer in float32 on the H200, a third of the whole step
+    (results/h200/profile_interleaved_log.txt)."""
+    if query.shape[2] != 1 or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = (query.float() * key.float()).sum(-1) * scaling                   # [B, H, S]
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask[:, :, 0], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    out = (weights[..., None] * value.float()).sum(-2)                         # [B, H, D]
+    return out.to(value.dtype)[:, None], None
+
+
+AttentionInterface.register("fastgen_one_query", one_query_attention)
+AttentionMaskInterface.register("fastgen_one_query", sdpa_mask)  # the same boolean mask SDPA gets
+ATTENTION = {"one_query": "fastgen_one_query", "sdpa": "sdpa", "math": "sdpa"}
+
+
+def attention_choice():
+    choice = os.environ.get("FASTGEN_DECODE_ATTENTION", "one_query")
+    if choice not in ATTENTION:
+        raise ValueError(f"FASTGEN_DECODE_ATTENTION={choice!r}: expected one of {sorted(ATTENTION)}")
+    return choice
+
+
+@contextlib.contextmanager
+def decode_attention(model):
+    """The attention traced into the compiled step, by FASTGEN_DECODE_ATTENTION: `one_query` (the default,
+    `one_query_attention`), `sdpa` (PyTorch's choice of fused kernel, as `model.generate` uses) or `math`
+    (SDPA's unfused math path). The model's attention is switched only while the step is traced (and, off
+    CUDA, run); the eager decoders and `model.generate` keep the model's own.
+    Measured on the H200 (results/h200/ab_attention.csv): see chapter 8. The math path, predicted to save
+    ~0.1 ms per step at batch 1, did not (results/h200/ab_sdpa.csv: 0.775/0.812 ms against 0.743/0.789)."""
+    choice = attention_choice()
+    config, saved = model.config, model.config._attn_implementation
+    if saved not in ("sdpa", ATTENTION["one_query"]):  # eager or flash attention: leave the model's choice
+        yield
+        return
+    config._attn_implementation = ATTENTION[choice]
+    try:
+        with sdpa_kernel([SDPBackend.MATH]) if choice == "math" else contextlib.nullcontext():
+            yield
+    finally:
+        config._attn_implementation = saved
 
 
 # dynamic=True: sizes are symbolic, so most new batch sizes and cache lengths reuse a compile (dynamo
@@ -261,7 +302,7 @@ class Runner:
         self.compile_s = time.perf_counter() - t0
 
     def compiled_step(self, slot):
-        with decode_attention():
+        with decode_attention(self.model):
             compiled_step(self.model, self.cache, self.gen, self.tok, self.step_pos, self.mask, self.col,
                           self.seed, self.finished, self.out, self.done[slot])
 
@@ -290,7 +331,7 @@ def runner_for(model, input_ids, gen):
     runners = model.__dict__.setdefault("_fastgen_runners", OrderedDict())
     B, T = input_ids.shape
     key = (B, T + gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_k, gen.eos_token_id,
-           gen.pad_token_id, model.dtype, str(model.device))
+           gen.pad_token_id, model.dtype, str(model.device), attention_choice())
     if key not in runners:
         while len(runners) >= MAX_RUNNERS:
             runners.popitem(last=False)

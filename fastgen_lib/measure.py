@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 import transformers
 
-from .decoders import generate
+from .decoders import attention_choice, generate
 
 BENCH_VERSION = 1  # bump when the timing method changes
 
@@ -30,6 +30,7 @@ def conditions(model=None):
         "cuda": torch.version.cuda if cuda else None,
         "alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "",
         "bench_version": BENCH_VERSION,
+        "decode_attention": attention_choice(),  # what the compiled step uses (FASTGEN_DECODE_ATTENTION)
     }
     if model is not None:
         c["dtype"] = str(model.dtype).replace("torch.", "")

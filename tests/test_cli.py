@@ -53,3 +53,27 @@ def test_profile_prints_json():
     p = cli("profile", "--decoder", "kv_cache", "--new-tokens", "3")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.strip().splitlines()[-1])["decoder"] == "kv_cache"
+
+
+def test_bench_merge_joins_csvs_without_measuring(tmp_path):
+    # the saved H200 sweep split in two, as two GPUs would write it, joins back into the same claims
+    import pandas as pd
+    from fastgen_lib import bench
+    full = pd.read_csv("results/h200/sweep.csv")
+    full[full.batch <= 8].to_csv(tmp_path / "sweep_a.csv", index=False)
+    full[full.batch > 8].to_csv(tmp_path / "sweep_b.csv", index=False)
+    p = cli("bench", "--merge", str(tmp_path / "sweep_a.csv"), str(tmp_path / "sweep_b.csv"),
+            "--out", str(tmp_path / "joined"))
+    assert p.returncode == 0, p.stderr
+    assert "only show that the code runs" not in p.stdout  # H200 rows: the claims stand
+    joined = pd.read_csv(tmp_path / "joined" / "sweep.csv")
+    assert len(joined) == len(full)
+    cols = ["claim", "measured"]
+    pd.testing.assert_frame_equal(bench.claims(full)[cols], pd.read_csv(tmp_path / "joined" / "sweep_claims.csv")[cols],
+                                  check_dtype=False)
+    assert (tmp_path / "joined" / "sweep_tokens_per_s_float32.png").exists()
+
+
+def test_bench_merge_needs_files_and_out(tmp_path):
+    p = cli("bench", "--merge", str(tmp_path / "nothing.csv"))
+    assert p.returncode != 0 and "--merge needs" in p.stderr

@@ -142,3 +142,37 @@ def test_returns_generate_shape_for_a_real_prompt(model):
     out = fg.generate(model, ids, mask, decoder="interleaved", max_new_tokens=5)
     assert out.shape == (3, ids.shape[1] + 5) and torch.equal(out[:, : ids.shape[1]], ids)
     assert isinstance(tok.batch_decode(out[:, ids.shape[1]:]), list)
+
+
+def test_one_query_attention_matches_sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from fastgen_lib.decoders import one_query_attention
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g) for n in (1, 10, 10))
+    mask = torch.ones(2, 1, 1, 10, dtype=torch.bool)
+    mask[0, ..., :4] = False   # a left-padded row
+    mask[:, ..., 7:] = False   # cache slots not written yet
+    layer = torch.nn.Module()  # sdpa_attention_forward reads `is_causal` off the module
+    layer.is_causal = True
+    want, _ = sdpa_attention_forward(layer, q, k, v, mask, scaling=0.3)
+    got, weights = one_query_attention(layer, q, k, v, mask, scaling=0.3)
+    assert got.shape == want.shape == (2, 1, 3, 8) and weights is None
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("choice", ["one_query", "sdpa", "math"])
+def test_decode_attention_choices_give_generate_tokens(model, references, choice, monkeypatch):
+    monkeypatch.setenv("FASTGEN_DECODE_ATTENTION", choice)
+    ids, mask, N = workload(model, "batch4_mixed")
+    with fg.decoders.decode_attention(model):
+        assert model.config._attn_implementation == fg.decoders.ATTENTION[choice]
+    assert model.config._attn_implementation == "sdpa"  # switched back: model.generate never sees ours
+    out = fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=N)
+    assert first_divergence(model, ids, mask, references["batch4_mixed", "dynamic"], out) is None
+
+
+def test_decode_attention_rejects_an_unknown_choice(model, monkeypatch):
+    monkeypatch.setenv("FASTGEN_DECODE_ATTENTION", "flash")
+    ids, mask = fg.make_batch(1, 4, seed=0)
+    with pytest.raises(ValueError, match="one_query"):
+        fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=3)

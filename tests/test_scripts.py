@@ -21,6 +21,6 @@ def test_gpu_lanes_runs_every_job_its_header_lists():
     text = (ROOT / "tools" / "gpu_lanes.sh").read_text()
     header = text[text.index("# Jobs"):text.index("# A job gets")]
     jobs = re.findall(r"^#   (\w+) {2,}", header, re.M)
-    arms = re.findall(r"^    ([\w|]+)\)", text[text.index("case $1 in"):text.index("esac")], re.M)
+    arms = re.findall(r"^    ([\w|]+)\)", text[text.index("case $job in"):text.index("esac")], re.M)
     handled = {job for arm in arms for job in arm.split("|")}
     assert len(jobs) >= 6 and set(jobs) <= handled, (jobs, handled)
