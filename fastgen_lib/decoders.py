@@ -9,6 +9,7 @@ as `model.generate`:
     interleaved  ch. 7  deferred on two CUDA streams in ping-pong: the flag copy leaves the critical path
 
 Every decoder checks for early stopping after every token; each marks where the host waits for the GPU.
+The compiled step's attention is `attention_choice()`'s: our own `one_query_attention` in float32.
 `generate()` is the entry point; `DECODERS` maps the names to the functions.
 """
 import contextlib
@@ -172,12 +173,10 @@ def decode_step(model, cache, gen, tok, step_pos, mask, col, seed, finished, out
 
 
 def one_query_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention for a decode step (one query token) as plain tensor math, so that torch.compile fuses it
-    into a few small reductions. Shapes: query [B, H, 1, D], key/value [B, H, S, D] (the whole static cache),
+    """Attention for a decode step (one query token) as plain tensor math, which torch.compile fuses into a
+    few small reductions. Shapes: query [B, H, 1, D], key/value [B, H, S, D] (the whole static cache),
     attention_mask bool [B, 1, 1, S] (True = attend). Returns [B, 1, H, D], like transformers' kernels.
-    Longer queries (the prefill) go to SDPA. Why: PyTorch's fused kernel runs one query token against a
-    116-slot cache in 18 us per layer in float32 on the H200, a third of the whole step
-    (results/h200/profile_interleaved_log.txt)."""
+    Longer queries (the prefill) go to SDPA."""
     if query.shape[2] != 1 or dropout:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -194,24 +193,32 @@ AttentionMaskInterface.register("fastgen_one_query", sdpa_mask)  # the same bool
 ATTENTION = {"one_query": "fastgen_one_query", "sdpa": "sdpa", "math": "sdpa"}
 
 
-def attention_choice():
-    choice = os.environ.get("FASTGEN_DECODE_ATTENTION", "one_query")
-    if choice not in ATTENTION:
-        raise ValueError(f"FASTGEN_DECODE_ATTENTION={choice!r}: expected one of {sorted(ATTENTION)}")
+def attention_choice(dtype=torch.float32):
+    """FASTGEN_DECODE_ATTENTION, the attention traced into the compiled step: `one_query`
+    (`one_query_attention`), `sdpa` (PyTorch's choice of fused kernel, what `model.generate` runs), `math`
+    (SDPA's unfused math path), or `auto` (the default): `one_query` in float32, `sdpa` otherwise.
+    Why, measured on the H200 (results/h200/ab_attention/, chapter 8): in float32 no flash kernel exists
+    and SDPA's memory-efficient kernel spends 18 us per layer on one query token against a 116-slot cache,
+    a third of the step. `one_query` made `interleaved` 16% faster at batch 1 and 15% at batch 32 in one
+    process, alternating; in fresh-process ladders 16% faster at batch 1 but 2% slower at batch 32. In
+    bfloat16 SDPA's flash kernel wins: `one_query` was 11-13% slower. `math`, predicted to save 0.1 ms per
+    step in float32, did not (results/h200/ab_sdpa.csv)."""
+    choice = os.environ.get("FASTGEN_DECODE_ATTENTION", "auto")
+    if choice != "auto" and choice not in ATTENTION:
+        raise ValueError(f"FASTGEN_DECODE_ATTENTION={choice!r}: expected auto or one of {sorted(ATTENTION)}")
+    if choice == "auto":
+        return "one_query" if dtype == torch.float32 else "sdpa"
     return choice
 
 
 @contextlib.contextmanager
 def decode_attention(model):
-    """The attention traced into the compiled step, by FASTGEN_DECODE_ATTENTION: `one_query` (the default,
-    `one_query_attention`), `sdpa` (PyTorch's choice of fused kernel, as `model.generate` uses) or `math`
-    (SDPA's unfused math path). The model's attention is switched only while the step is traced (and, off
-    CUDA, run); the eager decoders and `model.generate` keep the model's own.
-    Measured on the H200 (results/h200/ab_attention.csv): see chapter 8. The math path, predicted to save
-    ~0.1 ms per step at batch 1, did not (results/h200/ab_sdpa.csv: 0.775/0.812 ms against 0.743/0.789)."""
-    choice = attention_choice()
+    """Switch the model's attention to `attention_choice()`'s while the compiled step is traced (and, off
+    CUDA, run); the eager decoders and `model.generate` keep the model's own. A model on eager or flash
+    attention keeps it."""
+    choice = attention_choice(model.dtype)
     config, saved = model.config, model.config._attn_implementation
-    if saved not in ("sdpa", ATTENTION["one_query"]):  # eager or flash attention: leave the model's choice
+    if saved not in ("sdpa", ATTENTION["one_query"]):
         yield
         return
     config._attn_implementation = ATTENTION[choice]
@@ -331,7 +338,7 @@ def runner_for(model, input_ids, gen):
     runners = model.__dict__.setdefault("_fastgen_runners", OrderedDict())
     B, T = input_ids.shape
     key = (B, T + gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_k, gen.eos_token_id,
-           gen.pad_token_id, model.dtype, str(model.device), attention_choice())
+           gen.pad_token_id, model.dtype, str(model.device), attention_choice(model.dtype))
     if key not in runners:
         while len(runners) >= MAX_RUNNERS:
             runners.popitem(last=False)

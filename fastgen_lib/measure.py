@@ -30,12 +30,12 @@ def conditions(model=None):
         "cuda": torch.version.cuda if cuda else None,
         "alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "",
         "bench_version": BENCH_VERSION,
-        "decode_attention": attention_choice(),  # what the compiled step uses (FASTGEN_DECODE_ATTENTION)
     }
     if model is not None:
         c["dtype"] = str(model.dtype).replace("torch.", "")
         c["weights"] = getattr(model, "fastgen_weights", "?")
         c["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 1)
+        c["decode_attention"] = attention_choice(model.dtype)  # the compiled step's (FASTGEN_DECODE_ATTENTION)
     return c
 
 

@@ -160,15 +160,22 @@ def test_one_query_attention_matches_sdpa():
     torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("choice", ["one_query", "sdpa", "math"])
+@pytest.mark.parametrize("choice", ["auto", "one_query", "sdpa", "math"])
 def test_decode_attention_choices_give_generate_tokens(model, references, choice, monkeypatch):
     monkeypatch.setenv("FASTGEN_DECODE_ATTENTION", choice)
     ids, mask, N = workload(model, "batch4_mixed")
     with fg.decoders.decode_attention(model):
-        assert model.config._attn_implementation == fg.decoders.ATTENTION[choice]
+        want = "one_query" if choice == "auto" else choice  # the tiny model is float32
+        assert model.config._attn_implementation == fg.decoders.ATTENTION[want]
     assert model.config._attn_implementation == "sdpa"  # switched back: model.generate never sees ours
     out = fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=N)
     assert first_divergence(model, ids, mask, references["batch4_mixed", "dynamic"], out) is None
+
+
+def test_auto_attention_is_one_query_only_in_float32(monkeypatch):
+    monkeypatch.delenv("FASTGEN_DECODE_ATTENTION", raising=False)
+    choice = fg.decoders.attention_choice
+    assert (choice(torch.float32), choice(torch.bfloat16), choice(torch.float16)) == ("one_query", "sdpa", "sdpa")
 
 
 def test_decode_attention_rejects_an_unknown_choice(model, monkeypatch):

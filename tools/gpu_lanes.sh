@@ -2,13 +2,13 @@
 # The GPU batch for one device call: jobs in lanes, one lane per GPU (lanes beyond the GPU count queue on
 # GPU lane mod count), each lane on its own share of the CPU cores, all inside a deadline, each job's results
 # copied to $OUT as soon as it ends, so a job cut short by the deadline still leaves what it finished. Then
-# the FINAL jobs, on GPU 0 alone. From the repo root on the GPU host:
+# the FINAL jobs, on GPU 0 alone (UNTIL=seconds ends the lanes early to leave them time). From the repo root:
 #
 #   OUT=/somewhere DEADLINE=540 LANE0="notebooks" LANE1="suite sanitizer" bash tools/gpu_lanes.sh
 #   LANE0="sweep_fp32:1,4,8" LANE1="sweep_fp32:16,32" FINAL="merge_sweep notebooks:08_results" ...
 #
 # Jobs (each runs in a lane with CUDA_VISIBLE_DEVICES set to that lane's GPU); JOB:ARG passes an argument:
-#   notebooks    execute chapters in place; ARG: names, comma-separated (default all) -> $OUT/notebooks_*.tgz
+#   notebooks    execute chapters in place; ARG: names, comma-separated (default all)   -> notebooks_*.tgz
 #   suite        pytest -m gpu tests/gpu, $STRESS stress cases (1000)   -> $OUT/gpu/ (junit, json, report.md)
 #   sanitizer    compute-sanitizer memcheck + racecheck (tests/gpu)     -> $OUT/gpu/sanitizer_*.log
 #   sweep_fp32   bench --sweep, float32; ARG: batches, comma-separated  -> $OUT/h200_float32[_ARG]/
@@ -29,7 +29,7 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 T0=$(date +%s)
-left() { echo $(( DEADLINE - 25 - ($(date +%s) - T0) )); }
+left() { echo $(( ${UNTIL:-$DEADLINE} - 25 - ($(date +%s) - T0) )); }  # UNTIL: the lanes' own deadline
 BATCHES=${BATCHES:-1 4 8 16 32}; NEW_TOKENS=${NEW_TOKENS:-50 100 200 400}
 
 run_job() {  # run_job JOB[:ARG]
@@ -99,8 +99,8 @@ for g in $(seq 0 $(( NGPU < 4 ? NGPU - 1 : 3 ))); do
   lane "$g" "$(( g * PER ))-$(( g * PER + PER - 1 ))" $jobs > "$OUT/lane$g.log" 2>&1 &
 done
 wait
-[ -n "${FINAL:-}" ] && lane 0 "0-$(( NCPU - 1 ))" $FINAL > "$OUT/final.log" 2>&1
-# the device tool brings back only a few files: everything but the notebooks goes in one archive
-(cd "$OUT" && tar czf results.tgz --exclude='notebooks*.tgz' --exclude=results.tgz . )
+[ -n "${FINAL:-}" ] && UNTIL=$DEADLINE lane 0 "0-$(( NCPU - 1 ))" $FINAL > "$OUT/final.log" 2>&1
+# the device tool brings back only a few files: everything goes in one archive, beside the logs
+(cd "$OUT" && tar czf /tmp/results.tgz . && find . -mindepth 1 -maxdepth 1 ! -name '*.log' -exec rm -rf {} + && mv /tmp/results.tgz .)
 for f in "$OUT"/lane*.log "$OUT"/final.log; do [ -f "$f" ] && { echo "######## $f"; tail -c 3000 "$f"; }; done
 echo "total $(( $(date +%s) - T0 )) s"
