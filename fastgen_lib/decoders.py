@@ -9,7 +9,6 @@ as `model.generate`:
     interleaved  ch. 7  deferred on two CUDA streams in ping-pong: the flag copy leaves the critical path
 
 Every decoder checks for early stopping after every token; each marks where the host waits for the GPU.
-The compiled step's attention is `attention_choice()`'s: our own `one_query_attention` in float32.
 `generate()` is the entry point; `DECODERS` maps the names to the functions.
 """
 import contextlib
@@ -194,21 +193,15 @@ ATTENTION = {"one_query": "fastgen_one_query", "sdpa": "sdpa", "math": "sdpa"}
 
 
 def attention_choice(dtype=torch.float32):
-    """FASTGEN_DECODE_ATTENTION, the attention traced into the compiled step: `one_query`
-    (`one_query_attention`), `sdpa` (PyTorch's choice of fused kernel, what `model.generate` runs), `math`
-    (SDPA's unfused math path), or `auto` (the default): `one_query` in float32, `sdpa` otherwise.
-    Why, measured on the H200 (results/h200/ab_attention/, chapter 8): in float32 no flash kernel exists
-    and SDPA's memory-efficient kernel spends 18 us per layer on one query token against a 116-slot cache,
-    a third of the step. `one_query` made `interleaved` 16% faster at batch 1 and 15% at batch 32 in one
-    process, alternating; in fresh-process ladders 16% faster at batch 1 but 2% slower at batch 32. In
-    bfloat16 SDPA's flash kernel wins: `one_query` was 11-13% slower. `math`, predicted to save 0.1 ms per
-    step in float32, did not (results/h200/ab_sdpa.csv)."""
+    """FASTGEN_DECODE_ATTENTION, the compiled step's attention: `one_query` (ours), `sdpa` (PyTorch's fused
+    kernel, as `model.generate`), `math` (SDPA's unfused path) or `auto`: `one_query` in float32, else `sdpa`.
+    Measured on the H200 (chapter 8, results/h200/ab_attention/): in float32, SDPA spent 18 us per layer on
+    one query token, and `one_query` made `interleaved` 16% faster at batch 1 (batch 32: 15% faster in one
+    process, 2-3% slower in fresh ones); in bfloat16 SDPA's flash kernel won by 11-13%. `math`: no gain."""
     choice = os.environ.get("FASTGEN_DECODE_ATTENTION", "auto")
     if choice != "auto" and choice not in ATTENTION:
         raise ValueError(f"FASTGEN_DECODE_ATTENTION={choice!r}: expected auto or one of {sorted(ATTENTION)}")
-    if choice == "auto":
-        return "one_query" if dtype == torch.float32 else "sdpa"
-    return choice
+    return ("one_query" if dtype == torch.float32 else "sdpa") if choice == "auto" else choice
 
 
 @contextlib.contextmanager
