@@ -197,7 +197,7 @@ def attention_choice(dtype=torch.float32):
     kernel, as `model.generate`), `math` (SDPA's unfused path) or `auto`: `one_query` in float32, else `sdpa`.
     Measured on the H200 (chapter 8, results/h200/ab_attention/): in float32, SDPA spent 18 us per layer on
     one query token, and `one_query` made `interleaved` 16% faster at batch 1 (batch 32: 15% faster in one
-    process, 2-3% slower in fresh ones); in bfloat16 SDPA's flash kernel won by 11-13%. `math`: no gain."""
+    process, 2-3% slower in fresh ones); in bfloat16 SDPA's flash kernel won by 10-12%. `math`: no gain."""
     choice = os.environ.get("FASTGEN_DECODE_ATTENTION", "auto")
     if choice != "auto" and choice not in ATTENTION:
         raise ValueError(f"FASTGEN_DECODE_ATTENTION={choice!r}: expected auto or one of {sorted(ATTENTION)}")
