@@ -16,6 +16,7 @@ import transformers
 from .decoders import attention_choice, generate
 
 BENCH_VERSION = 1  # bump when the timing method changes
+COMPILED_STEP = {"compiled", "deferred", "interleaved"}  # their attention: FASTGEN_DECODE_ATTENTION
 
 
 # --- conditions ------------------------------------------------------------------------------------------
@@ -85,7 +86,10 @@ def _row(model, input_ids, max_new_tokens, method, times, out, first_s):
     B, T = input_ids.shape
     steps = out.shape[1] - T
     med = statistics.median(times)
-    return {**conditions(model), "method": method, "batch": B, "prompt_len": T,
+    c = conditions(model)
+    if method not in COMPILED_STEP:  # the other methods run the model's own attention
+        c["decode_attention"] = model.config._attn_implementation
+    return {**c, "method": method, "batch": B, "prompt_len": T,
             "max_new_tokens": max_new_tokens, "new_tokens": steps,
             "median_s": med, "min_s": min(times), "max_s": max(times), "repeats": len(times),
             "ms_per_step": 1e3 * med / steps, "tokens_per_s": B * steps / med, "first_call_s": first_s}

@@ -27,6 +27,14 @@ def test_measure_row_carries_conditions(model):
     assert row["min_s"] <= row["median_s"] <= row["max_s"]
     assert row["batch"] == 2 and row["new_tokens"] == 5 and row["dtype"] == "float32"
     assert row["tokens_per_s"] == pytest.approx(2 * 5 / row["median_s"])
+    assert row["decode_attention"] == "sdpa"  # an eager decoder runs the model's own attention
+
+
+def test_compiled_rows_name_the_compiled_steps_attention(model, monkeypatch):
+    ids, mask = fg.make_batch(2, 6)
+    assert measure.measure(model, ids, mask, "interleaved", 3, repeats=1)["decode_attention"] == "one_query"
+    monkeypatch.setenv("FASTGEN_DECODE_ATTENTION", "math")
+    assert measure.measure(model, ids, mask, "compiled", 3, repeats=1)["decode_attention"] == "math"
 
 
 def test_fit_exponent_recovers_slopes():

@@ -1,7 +1,10 @@
-"""The shell scripts that run on the GPU host cannot run here, but they must at least parse: a syntax error
-found there costs a device call."""
+"""The shell scripts that run on the GPU host cannot run here, but they must at least parse, and the A/B tool
+must run on the tiny model: an error found there costs a device call."""
+import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,3 +27,13 @@ def test_gpu_lanes_runs_every_job_its_header_lists():
     arms = re.findall(r"^    ([\w|]+)\)", text[text.index("case $job in"):text.index("esac")], re.M)
     handled = {job for arm in arms for job in arm.split("|")}
     assert len(jobs) >= 6 and set(jobs) <= handled, (jobs, handled)
+
+
+def test_ab_attention_tool_runs_on_the_tiny_model():
+    env = dict(os.environ, FASTGEN_SIZE="tiny", NEW="3", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "ab_attention.py"), "2"], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [row["mode"] for row in rows] == ["one_query", "sdpa", "sdpa", "one_query"]
+    assert all(row["call_ms"] > 0 and row["batch"] == 2 and row["new_tokens"] == 3 for row in rows)

@@ -17,6 +17,8 @@
 #   ab_attention  naive, compiled, interleaved and hf_static at batch 1 and 32, the compiled step's attention
 #                FASTGEN_DECODE_ATTENTION=one_query vs sdpa, each in a fresh process; ARG: round 1 (one_query
 #                first) or 2 (sdpa first), default both                 -> $OUT/ab_attention/
+#   ab_same_process  tools/ab_attention.py: one_query vs sdpa inside one process, float32 (batch 32, 1; 100
+#                tokens) and bfloat16 (batch 8, 1; 400 tokens)     -> $OUT/ab_attention/same_process_*.jsonl
 #   profile      the interleaved decode's kernels and gaps at batch 1 and 32 -> $OUT/profile_log.txt
 # A job gets whatever time is left before the deadline minus a margin for packing; it is interrupted with
 # SIGINT (pytest and the sweep stop cleanly and keep their partial files).
@@ -72,6 +74,11 @@ run_job() {  # run_job JOB[:ARG]
             --new-tokens 100 --methods naive compiled interleaved hf_static --repeats 5 \
             --out "$OUT/ab_attention/${mode}_$i" 2>&1 | grep --line-buffered -v "it/s\]"
       done; done ;;
+    ab_same_process)
+      mkdir -p "$OUT/ab_attention"
+      timeout -k 10 "$b" python3 tools/ab_attention.py 32 1 | tee "$OUT/ab_attention/same_process_float32.jsonl"
+      DTYPE=bfloat16 NEW=400 timeout -k 10 "$(left)" python3 tools/ab_attention.py 8 1 \
+        | tee "$OUT/ab_attention/same_process_bfloat16.jsonl" ;;
     profile)
       for bs in 1 32; do
         echo "== profile interleaved, batch $bs" >> "$OUT/profile_log.txt"
