@@ -53,6 +53,24 @@ def sanitizer_line(tool, rc, log):
     return f"- {tool}: {summary} ({when}; workload tokens {'match' if ok else 'NOT confirmed'}); see {log.name}"
 
 
+def section(out, title, name, render):
+    """A report section from one JSON file the run left, or a line saying it is missing."""
+    data = load(out / name)
+    return ["", f"## {title}", ""] + (render(data) if data else [f"- no {name}"])
+
+
+def bf16_lines(b):
+    lines = [f"- {b['rows']} rows, {b['new_tokens']} new tokens; deferred/interleaved == compiled: "
+             f"{b['equal_to_compiled']}", "",
+             "| decoder | first token agrees | rows agreeing on all tokens | mean leading agreement | "
+             "smallest gap where rows part |", "| --- | --- | --- | --- | --- |"]
+    for d, v in b["decoders"].items():
+        gaps, lead = v["gaps_where_they_part"], v["leading_agree"]
+        lines.append(f"| {d} | {v['first_token_agree']:.0%} | {v['all_tokens_agree']}/{b['rows']} | "
+                     f"{sum(lead) / len(lead):.1f} | {f'{min(gaps):.4f}' if gaps else '-'} |")
+    return lines
+
+
 def main():
     out = Path(sys.argv[1])
     rcs = dict(a.split("=", 1) for a in sys.argv[2:])
@@ -62,43 +80,21 @@ def main():
              "## Machine and versions", "", "```", env, "```", "", "## Tests", ""]
     lines += pytest_lines(out / "junit.xml", rcs.get("pytest", "skipped"))
 
-    s = load(out / "stress.json")
-    lines += ["", "## Stress: interleaved vs compiled", ""]
-    lines += [f"- {s['cases']} cases, **{s['mismatches']} mismatches**, {s['wall_s']} s; {s['sampled']} sampled, "
-              f"{s['staggered_stops']} with rows stopping at different steps, {s['all_stopped_early']} ending early; "
-              f"{s['compiles']} compiles; reserved {s['reserved_mib'][0]} -> {s['reserved_mib'][1]} MiB"] if s \
-        else ["- no stress.json"]
-
-    r = load(out / "repeat.json")
-    lines += ["", "## 50 repeated calls", ""]
-    lines += [f"- recompiles after warm-up: {r['recompiles_after_warmup']}; memory drift after call 1: reserved "
-              f"{r['reserved_drift_after_call1']} B, allocated {r['allocated_drift_after_call1']} B; buffers reused: "
-              f"{r['buffers_reused']}; same runner and graphs: {r['same_runner_and_graphs']}"] if r \
-        else ["- no repeat.json"]
-
-    y = load(out / "sync.json")
-    lines += ["", "## Host syncs", ""]
-    lines += [f"- decode loop sync-free under sync debug mode 'error': {y.get('decode_loop_sync_free')}; "
-              f"`compiled`'s .item() caught: {y.get('compiled_caught')}; Event.synchronize flagged by the mode: "
-              f"{y.get('event_synchronize_flagged')}; exempted: {y.get('exempted')}",
-              f"- host syncs per generate() call by new tokens: {y.get('syncs_per_call')}; sites: "
-              f"{y.get('sync_sites')}"] if y else ["- no sync.json"]
-
-    b = load(out / "bf16.json")
-    lines += ["", "## bfloat16 vs model.generate", ""]
-    if b:
-        lines.append(f"- {b['rows']} rows, {b['new_tokens']} new tokens; deferred/interleaved == compiled: "
-                     f"{b['equal_to_compiled']}")
-        lines.append("")
-        lines.append("| decoder | first token agrees | rows agreeing on all tokens | mean leading agreement | "
-                     "smallest gap where rows part |")
-        lines.append("| --- | --- | --- | --- | --- |")
-        for d, v in b["decoders"].items():
-            gaps, lead = v["gaps_where_they_part"], v["leading_agree"]
-            lines.append(f"| {d} | {v['first_token_agree']:.0%} | {v['all_tokens_agree']}/{b['rows']} | "
-                         f"{sum(lead) / len(lead):.1f} | {f'{min(gaps):.4f}' if gaps else '-'} |")
-    else:
-        lines.append("- no bf16.json")
+    lines += section(out, "Stress: interleaved vs compiled", "stress.json", lambda s: [
+        f"- {s['cases']} cases, **{s['mismatches']} mismatches**, {s['wall_s']} s; {s['sampled']} sampled, "
+        f"{s['staggered_stops']} with rows stopping at different steps, {s['all_stopped_early']} ending early; "
+        f"{s['compiles']} compiles; reserved {s['reserved_mib'][0]} -> {s['reserved_mib'][1]} MiB"])
+    lines += section(out, "50 repeated calls", "repeat.json", lambda r: [
+        f"- recompiles after warm-up: {r['recompiles_after_warmup']}; memory drift after call 1: reserved "
+        f"{r['reserved_drift_after_call1']} B, allocated {r['allocated_drift_after_call1']} B; buffers reused: "
+        f"{r['buffers_reused']}; same runner and graphs: {r['same_runner_and_graphs']}"])
+    lines += section(out, "Host syncs", "sync.json", lambda y: [
+        f"- decode loop sync-free under sync debug mode 'error': {y.get('decode_loop_sync_free')}; "
+        f"`compiled`'s .item() caught: {y.get('compiled_caught')}; Event.synchronize flagged by the mode: "
+        f"{y.get('event_synchronize_flagged')}; exempted: {y.get('exempted')}",
+        f"- host syncs per generate() call by new tokens: {y.get('syncs_per_call')}; sites: "
+        f"{y.get('sync_sites')}"])
+    lines += section(out, "bfloat16 vs model.generate", "bf16.json", bf16_lines)
 
     lines += ["", "## compute-sanitizer (tests/gpu/sanitize_run.py: tiny model, interleaved)", ""]
     for tool in ("memcheck", "racecheck"):
