@@ -15,32 +15,31 @@ METHODS = list(DECODERS) + list(HF_METHODS)
 STATIC = {"static_cache", "compiled", "deferred", "interleaved", "hf_static"}  # attend over all T+N slots
 
 
-def run_method(model, ids, mask, method, max_new_tokens, repeats, warmup=1):
-    """A timing row for one of METHODS, and the tokens it produced."""
+def method_call(model, ids, mask, method, max_new_tokens):
+    """`call(n)` for one of METHODS: `n` new tokens, on a cache sized for `max_new_tokens`."""
     if method in DECODERS:
-        def call():
-            return generate(model, ids, mask, decoder=method, max_new_tokens=max_new_tokens,
-                            eos_token_id=EOS, pad_token_id=EOS)
-    else:
-        def call():
-            return hf_generate(model, ids, mask, max_new_tokens, EOS, EOS, **HF_METHODS[method])
-    return measure.measure_call(model, ids, max_new_tokens, method, call, repeats, warmup)
+        return measure.decoder_call(model, ids, mask, method, max_new_tokens, eos_token_id=EOS,
+                                    pad_token_id=EOS)
+    return lambda n=max_new_tokens: hf_generate(model, ids, mask, n, EOS, EOS, **HF_METHODS[method])
 
 
-def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=METHODS, repeats=5, bandwidth=None,
-           progress=True):
-    """Every method on one workload. Adds: tokens_match (equal to `model.generate`'s default, token for
-    token; for a mismatch, the top-2 logit gap that decided it), speedups over naive and over
-    hf_static, and the memory-bandwidth floor per step beside the measured time."""
+def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=METHODS, repeats=10,
+           bandwidth=None, progress=True):
+    """Every method on one workload, timed alternated (`measure.measure_calls`). Adds: tokens_match
+    (equal to `model.generate`'s default, token for token; for a mismatch, the top-2 logit gap that
+    decided it), speedups over naive and over hf_static, and the memory-bandwidth floor per step
+    beside the measured time."""
     ids, mask = make_batch(batch, prompt_len, seed=batch, device=model.device)
     ref = hf_generate(model, ids, mask, max_new_tokens, EOS, EOS)
-    rows = []
-    for method in tqdm(methods, desc=f"batch {batch}, {max_new_tokens} tokens", disable=not progress, leave=False):
-        row, out = run_method(model, ids, mask, method, max_new_tokens, repeats)
-        div = first_divergence(model, ids, mask, ref, out)
+    calls = {m: method_call(model, ids, mask, m, max_new_tokens) for m in methods}
+    if progress:
+        print(f"batch {batch}, {max_new_tokens} tokens: {', '.join(methods)}, {repeats} rounds",
+              flush=True)
+    rows, outs = measure.measure_calls(model, ids, calls, max_new_tokens, repeats)
+    for row in rows:
+        div = first_divergence(model, ids, mask, ref, outs[row["method"]])
         row["tokens_match"] = div is None
         row["divergence"] = "" if div is None else str(div)
-        rows.append(row)
     df = pd.DataFrame(rows)
     return add_ratios_and_floor(df, model.config, bandwidth)
 
@@ -61,7 +60,7 @@ def add_ratios_and_floor(df, config, bandwidth=None):
     return df
 
 
-def sweep(model, batches=(1, 4, 8, 16, 32), new_tokens=(50, 100, 200, 400), methods=METHODS, repeats=3,
+def sweep(model, batches=(1, 4, 8, 16, 32), new_tokens=(50, 100, 200, 400), methods=METHODS, repeats=10,
           prompt_len=16, bandwidth=None, skip=None, checkpoint=None):
     """`ladder` over a grid. `skip(method, batch, new_tokens) -> bool` leaves out expensive cells (naive
     at 400 tokens, hf_static's per-shape recompiles) while keeping the grid honest about it. With
@@ -99,31 +98,41 @@ TARGETS = [
 ]
 
 
-def claims(df, dtype="float32"):
-    """The targets and the article's claims, checked against a ladder or sweep DataFrame."""
+def claims(df, dtype="float32", on_gpu=None):
+    """The targets and the article's claims, checked against a ladder or sweep DataFrame.
+    They are stated for a GPU: measured on a CPU (`on_gpu` False; by default, when the
+    rows' `gpu` column says "CPU ..."), every row's `holds` is "n/a on CPU"."""
+    if on_gpu is None:
+        on_gpu = "gpu" not in df or not df.gpu.astype(str).str.startswith("CPU").any()
     rows = []
     d = df[df.dtype == dtype]
     for claim, method, base, batch, n, want in TARGETS:
-        cell = d[(d.batch == batch) & (d.max_new_tokens == n)].set_index("method")["median_s"]
+        cell = d[(d.batch == batch) & (d.max_new_tokens == n)]
+        cell = cell.set_index("method")["median_s"]
         if method in cell and base in cell:
             got = cell[base] / cell[method]
-            rows.append({"claim": claim, "measured": round(got, 2), "target": want, "holds": got >= want})
+            rows.append({"claim": claim, "measured": round(got, 2), "target": want,
+                         "holds": got >= want})
         else:
             rows.append({"claim": claim, "measured": None, "target": want, "holds": None})
     for batch in sorted(d.batch.unique()):
-        cell = d[(d.batch == batch) & (d.max_new_tokens == 100)].set_index("method")["median_s"]
+        cell = d[(d.batch == batch) & (d.max_new_tokens == 100)]
+        cell = cell.set_index("method")["median_s"]
         if "compiled" in cell and "interleaved" in cell:
             gain = 100 * (cell["compiled"] / cell["interleaved"] - 1)
-            rows.append({"claim": f"gain of interleaving over the synchronous check, batch {batch} "
-                                  f"(article: up to 11.6% at small batch)", "measured": round(gain, 1),
-                         "target": None, "holds": None})
-    return pd.DataFrame(rows)
+            rows.append({"claim": f"gain of interleaving over the synchronous check, batch "
+                                  f"{batch} (article: up to 11.6% at small batch)",
+                         "measured": round(gain, 1), "target": None, "holds": None})
+    out = pd.DataFrame(rows)
+    if not on_gpu and len(out):
+        out["holds"] = "n/a on CPU"
+    return out
 
 
 def summary(df):
     """The table people read: one row per method."""
-    cols = ["method", "batch", "new_tokens", "median_s", "min_s", "max_s", "ms_per_step", "tokens_per_s",
-            "x_vs_naive", "x_vs_hf_static", "first_call_s", "tokens_match"]
+    cols = ["method", "batch", "new_tokens", "median_s", "q1_s", "q3_s", "ttft_ms", "ms_per_step",
+            "tokens_per_s", "x_vs_naive", "x_vs_hf_static", "first_call_s", "tokens_match"]
     if "floor_ms_per_step" in df:
         cols += ["floor_ms_per_step", "x_floor"]
     return df[[c for c in cols if c in df]]

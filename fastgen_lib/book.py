@@ -43,3 +43,12 @@ def setup_book(seed=0):
     print(f"{where} | torch {torch.__version__} | transformers {transformers.__version__} | "
           f"model size {s.size}" + (" | SMOKE RUN (few tokens)" if s.smoke else ""))
     return s
+
+
+def record(name, value):
+    """Keep a number a chapter's lesson rests on in the notebook's outputs, where the book's tests read
+    it (tests/test_book.py) and the page does not show it: the format of myst-nb's `glue(...,
+    display=False)`, written here so that running a chapter needs no myst-nb."""
+    from IPython.display import display
+    display({"application/papermill.record/text/plain": repr(value)}, raw=True,
+            metadata={"scrapbook": {"name": name, "mime_prefix": "application/papermill.record/"}})

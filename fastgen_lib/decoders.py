@@ -12,10 +12,13 @@ Every decoder checks for early stopping after every token; each marks where the 
 `generate()` is the entry point; `DECODERS` maps the names to the functions.
 """
 import contextlib
-import os
+import math
+import numbers
+import operator
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface, DynamicCache, StaticCache
@@ -23,6 +26,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 MAX_RUNNERS = 8  # compiled runners (cache + graphs) kept per model; the oldest is dropped first
+WARMUP_SLOTS = (0, 1, 0)  # the steps a Runner runs before capture: each variant, then one more
+MIN_LENGTH = 2 + len(WARMUP_SLOTS)  # a scratch prefill (column 0), its token (1), then one per step
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,8 @@ class GenConfig:
     temperature: float = 1.0
     top_k: int | None = None
     seed: int = 0
+    max_cache_len: int | None = None  # static caches: slots to allocate (None: prompt + new tokens)
+    decode_attention: str = "one_query"  # the compiled step's attention (ATTENTION)
 
 
 # --- choosing the next token: shared by every decoder, never syncs --------------------------------------
@@ -96,11 +103,14 @@ def forward(model, ids, mask, pos, cache=None):
     return out.logits[:, -1].float()
 
 
-def _buffers(input_ids, attention_mask, gen):
-    # out [B, T+N]: the prompt, then room for every new token; mask/pos [B, T+N]: generated tokens count
+def _buffers(input_ids, attention_mask, gen, length=None):
+    # out [B, T+N]: the prompt, then room for every new token; mask/pos [B, L] with L = `length` (the
+    # cache length, default T+N) >= T+N: generated tokens count, and so do unused cache slots (the
+    # causal mask hides those)
     B, T = input_ids.shape
-    L = T + gen.max_new_tokens
-    out = torch.full((B, L), gen.pad_token_id, dtype=torch.long, device=input_ids.device)
+    L = length or T + gen.max_new_tokens
+    out = torch.full((B, T + gen.max_new_tokens), gen.pad_token_id, dtype=torch.long,
+                     device=input_ids.device)
     out[:, :T] = input_ids
     mask = torch.ones(B, L, dtype=torch.long, device=input_ids.device)
     mask[:, :T] = attention_mask
@@ -142,11 +152,13 @@ def kv_cache(model, input_ids, attention_mask, gen):
 
 
 def static_cache(model, input_ids, attention_mask, gen):
-    """Ch. 4: StaticCache of the final length T+N, allocated once per call. Every step attends over all
-    T+N positions (the mask hides the unused ones): fixed shapes, at the price of wasted attention."""
-    out, mask, pos, finished = _buffers(input_ids, attention_mask, gen)
+    """Ch. 4: StaticCache of `max_cache_len` slots (default: the final length T+N), allocated once per
+    call. Every step attends over all of them (the mask hides the unused ones): fixed shapes, at the
+    price of wasted attention."""
     T, seed = input_ids.shape[1], _seed(gen, input_ids.device)
-    cache = StaticCache(config=model.config, max_cache_len=out.shape[1])
+    L = gen.max_cache_len or T + gen.max_new_tokens
+    out, mask, pos, finished = _buffers(input_ids, attention_mask, gen, L)
+    cache = StaticCache(config=model.config, max_cache_len=L)
     logits = forward(model, input_ids, mask, pos[:, :T], cache)  # the mask spans the whole cache
     for i in range(gen.max_new_tokens):
         n = T + i
@@ -192,24 +204,21 @@ AttentionMaskInterface.register("fastgen_one_query", sdpa_mask)  # the same bool
 ATTENTION = {"one_query": "fastgen_one_query", "sdpa": "sdpa", "math": "sdpa"}
 
 
-def attention_choice(dtype=torch.float32):
-    """FASTGEN_DECODE_ATTENTION, the compiled step's attention: `one_query` (ours), `sdpa` (PyTorch's fused
-    kernel, as `model.generate`), `math` (SDPA's unfused path) or `auto`: `one_query` in float32, else `sdpa`.
-    Measured on the H200 (chapter 8, results/h200/ab_attention/): in float32, SDPA spent 18 us per layer on
-    one query token, and `one_query` made `interleaved` 16% faster at batch 1 (batch 32: 15% faster in one
-    process, 2-3% slower in fresh ones); in bfloat16 SDPA's flash kernel won by 10-12%. `math`: no gain."""
-    choice = os.environ.get("FASTGEN_DECODE_ATTENTION", "auto")
-    if choice != "auto" and choice not in ATTENTION:
-        raise ValueError(f"FASTGEN_DECODE_ATTENTION={choice!r}: expected auto or one of {sorted(ATTENTION)}")
+def attention_choice(dtype=torch.float32, choice="auto"):
+    """The compiled step's attention, `generate(decode_attention=...)`: `one_query` (ours), `sdpa`
+    (PyTorch's fused kernel, as `model.generate`), `math` (SDPA's unfused path) or `auto`: `one_query`
+    in float32, else `sdpa`. Measured on the H200 (chapter 5): in float32, SDPA spent 18 us per layer on
+    one query token and `one_query` is faster; in bfloat16 SDPA's flash kernel wins."""
+    if not isinstance(choice, str) or (choice != "auto" and choice not in ATTENTION):
+        raise ValueError(f"decode_attention={choice!r}: expected 'auto' or one of {sorted(ATTENTION)}")
     return ("one_query" if dtype == torch.float32 else "sdpa") if choice == "auto" else choice
 
 
 @contextlib.contextmanager
-def decode_attention(model):
-    """Switch the model's attention to `attention_choice()`'s while the compiled step is traced (and, off
-    CUDA, run); the eager decoders and `model.generate` keep the model's own. A model on eager or flash
-    attention keeps it."""
-    choice = attention_choice(model.dtype)
+def decode_attention(model, choice):
+    """Switch the model's attention to `choice` (one of ATTENTION) while the compiled step is traced
+    (and, off CUDA, run); the eager decoders and `model.generate` keep the model's own. A model on
+    eager or flash attention keeps it."""
     config, saved = model.config, model.config._attn_implementation
     if saved not in ("sdpa", ATTENTION["one_query"]):
         yield
@@ -276,12 +285,16 @@ class Runner:
         self.step_pos.copy_(self.pos[:, T : T + 1])
         self.done[0].copy_(self.finished.all())
 
-    def warm_up(self, input_ids, attention_mask):
-        """Compile, then (CUDA) capture one graph per slot. Runs steps on a throwaway prefill; the caller
-        prefills again for real. Sets `compile_s`, the seconds this took."""
+    def warm_up(self):
+        """Compile, then (CUDA) capture one graph per slot. The steps run on a scratch prefill of one
+        token, so they write columns 1-4 whatever the request (the Runner has at least `MIN_LENGTH`):
+        never past the buffers, even for max_new_tokens=1. The caller prefills again for real. Sets
+        `compile_s`, the seconds this took."""
         import time
         t0 = time.perf_counter()
-        self.prefill(input_ids, attention_mask)
+        B, dev = self.out.shape[0], self.out.device
+        self.prefill(torch.zeros(B, 1, dtype=torch.long, device=dev),
+                     torch.ones(B, 1, dtype=torch.long, device=dev))
         if not self.cuda:
             self.compiled_step(0)
             self.compile_s = time.perf_counter() - t0
@@ -289,11 +302,11 @@ class Runner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for slot in (0, 1, 0):  # compile both variants; run again so lazy init is done before capture
+            for slot in WARMUP_SLOTS:  # compile both variants; lazy init is done before capture
                 self.compiled_step(slot)
         torch.cuda.current_stream().wait_stream(side)
         self.graphs = []
-        for slot in (0, 1):
+        for slot in (0, 1):  # capture records the launches; it runs nothing
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 self.compiled_step(slot)
@@ -302,7 +315,7 @@ class Runner:
         self.compile_s = time.perf_counter() - t0
 
     def compiled_step(self, slot):
-        with decode_attention(self.model):
+        with decode_attention(self.model, self.gen.decode_attention):
             compiled_step(self.model, self.cache, self.gen, self.tok, self.step_pos, self.mask, self.col,
                           self.seed, self.finished, self.out, self.done[slot])
 
@@ -327,16 +340,18 @@ class Runner:
 
 def runner_for(model, input_ids, gen):
     """The model's Runner for this batch size, cache length and sampling settings: made (and compiled,
-    and captured) the first time, reused after."""
+    and captured) the first time, reused after. The cache length is `max_cache_len` (default T+N), at
+    least MIN_LENGTH: the warm-up's steps need the room; the causal mask hides unused slots."""
     runners = model.__dict__.setdefault("_fastgen_runners", OrderedDict())
     B, T = input_ids.shape
-    key = (B, T + gen.max_new_tokens, gen.do_sample, gen.temperature, gen.top_k, gen.eos_token_id,
-           gen.pad_token_id, model.dtype, str(model.device), attention_choice(model.dtype))
+    L = max(gen.max_cache_len or T + gen.max_new_tokens, MIN_LENGTH)
+    key = (B, L, gen.do_sample, gen.temperature, gen.top_k, gen.eos_token_id,
+           gen.pad_token_id, model.dtype, str(model.device), gen.decode_attention)
     if key not in runners:
         while len(runners) >= MAX_RUNNERS:
             runners.popitem(last=False)
         # the seed lives in a tensor, so the compiled step never sees (or recompiles for) its value
-        runners[key] = Runner(model, B, T + gen.max_new_tokens, replace(gen, seed=0, max_new_tokens=0))
+        runners[key] = Runner(model, B, L, replace(gen, seed=0, max_new_tokens=0, max_cache_len=None))
     runners.move_to_end(key)
     return runners[key]
 
@@ -344,7 +359,7 @@ def runner_for(model, input_ids, gen):
 def _ready(model, input_ids, attention_mask, gen):
     r = runner_for(model, input_ids, gen)
     if r.compile_s is None:
-        r.warm_up(input_ids, attention_mask)
+        r.warm_up()
     r.prefill(input_ids, attention_mask, gen.seed)
     return r
 
@@ -421,34 +436,62 @@ DECODERS = {
 # --- the entry point -------------------------------------------------------------------------------------
 
 def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", max_new_tokens=32,
-             eos_token_id=None, pad_token_id=None, do_sample=False, temperature=1.0, top_k=None, seed=None):
+             max_cache_len=None, eos_token_id=None, pad_token_id=None, do_sample=False,
+             temperature=1.0, top_k=None, seed=None, decode_attention="auto"):
     """Generate with one of `DECODERS`. `input_ids` [B, T] int64 on the model's device, left-padded;
-    `attention_mask` [B, T] of 0/1 (all ones if None). Returns [B, T + n] like `model.generate`: the prompt
-    then n <= max_new_tokens new tokens; rows that finished early are padded with `pad_token_id`.
-    `eos_token_id` defaults to the model's; `pad_token_id` to eos. Sampling (`do_sample`, `temperature`,
-    `top_k`) is reproducible: the same `seed` gives the same tokens on every decoder."""
-    if decoder not in DECODERS:
+    `attention_mask` [B, T] of 0/1 (all ones if None). Returns [B, T + n] like `model.generate`: the
+    prompt then n <= max_new_tokens new tokens; rows that finished early are padded with `pad_token_id`.
+    `max_cache_len` (static caches: `static_cache` and the compiled decoders) is the number of cache
+    slots every step attends over, default T + max_new_tokens (chapter 4 sweeps it);
+    `decode_attention` the compiled decoders' attention (`attention_choice`, chapter 5).
+    `eos_token_id` defaults to the model's; `pad_token_id` to eos. Sampling (`do_sample`,
+    `temperature`, `top_k`) is reproducible: the same `seed`, an int in [0, 2**32), gives the same
+    tokens on every decoder; `seed=None` draws one from torch's CPU generator (`torch.manual_seed`
+    fixes it). Integer arguments accept any integer-like scalar (numpy ints, 0-d tensors). Bad input
+    gets a ValueError or TypeError naming the argument, before anything runs."""
+    if not isinstance(decoder, str) or decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}: choose one of {', '.join(DECODERS)}")
-    cfg = model.config
     if eos_token_id is None:
         eos_token_id = model.generation_config.eos_token_id
     if pad_token_id is None:
         pad_token_id = model.generation_config.pad_token_id
     if pad_token_id is None:
         pad_token_id = eos_token_id if eos_token_id is not None else 0
-    if do_sample and seed is None:
-        seed = int(torch.randint(0, 2**31 - 1, ()))  # from torch's CPU generator: torch.manual_seed fixes it
-    attention_mask = _check(model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id,
-                            do_sample, temperature, top_k, cfg)
-    gen = GenConfig(int(max_new_tokens), eos_token_id, int(pad_token_id), bool(do_sample),
-                    float(temperature), None if top_k is None else int(top_k), int(seed or 0))
+    gen, attention_mask = _check(model, input_ids, attention_mask, max_new_tokens, max_cache_len,
+                                 eos_token_id, pad_token_id, do_sample, temperature, top_k, seed)
+    gen = replace(gen, decode_attention=attention_choice(model.dtype, decode_attention))
+    if gen.do_sample and seed is None:  # from torch's CPU generator: torch.manual_seed fixes it
+        gen = replace(gen, seed=int(torch.randint(0, 2**32, (), dtype=torch.long)))
     # the named range lets a profiler trace tell the decode from the input checks above
     with torch.inference_mode(), torch.profiler.record_function(f"fastgen.{decoder}"):
         return DECODERS[decoder](model, input_ids, attention_mask, gen)
 
 
-def _check(model, input_ids, attention_mask, max_new_tokens, eos, pad, do_sample, temperature, top_k, cfg):
-    """Bad input gets a ValueError/TypeError naming the problem, before any state is touched."""
+def _int(name, value, lo, hi=None, none=False):
+    """`value` as a Python int in [lo, hi) (any integer-like scalar: numpy, 0-d tensor; not a bool)."""
+    if value is None and none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor)
+                                               and value.dtype == torch.bool):
+        raise TypeError(f"{name} must be an int, got the bool {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if v < lo or (hi is not None and v >= hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi})"
+        raise ValueError(f"{name} must be an int {rng}, got {v}")
+    return v
+
+
+def _check(model, input_ids, attention_mask, max_new_tokens, max_cache_len, eos, pad, do_sample,
+           temperature, top_k, seed):
+    """Bad input gets a ValueError/TypeError naming the problem, before any state is touched.
+    Returns the GenConfig and the attention mask as int64."""
+    cfg = model.config
+    if model.training:
+        raise ValueError("the model is in training mode (dropout on: every call would differ): "
+                         "call model.eval() first")
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
     if input_ids.dtype not in (torch.int64, torch.int32):
@@ -463,34 +506,40 @@ def _check(model, input_ids, attention_mask, max_new_tokens, eos, pad, do_sample
         raise ValueError("the prompt is empty (input_ids has 0 columns): give at least one token")
     if input_ids.device != model.device:
         raise ValueError(f"input_ids is on {input_ids.device} but the model is on {model.device}")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if T + max_new_tokens > cfg.n_positions:
-        raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} exceeds "
+    N = _int("max_new_tokens", max_new_tokens, 1)
+    if T + N > cfg.n_positions:
+        raise ValueError(f"prompt ({T}) + max_new_tokens ({N}) = {T + N} exceeds "
                          f"the model's {cfg.n_positions} positions")
+    L = _int("max_cache_len", max_cache_len, T + N, cfg.n_positions + 1, none=True)
     if bool((input_ids < 0).any()) or bool((input_ids >= cfg.vocab_size).any()):
         raise ValueError(f"input_ids must lie in [0, {cfg.vocab_size})")
-    for name, tid in (("eos_token_id", eos), ("pad_token_id", pad)):
-        if tid is not None and not (isinstance(tid, int) and 0 <= tid < cfg.vocab_size):
-            raise ValueError(f"{name} must be a token id in [0, {cfg.vocab_size}), got {tid!r}")
-    if do_sample:
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature!r}")
-        if top_k is not None and not (isinstance(top_k, int) and 1 <= top_k <= cfg.vocab_size):
-            raise ValueError(f"top_k must be an int in [1, {cfg.vocab_size}], got {top_k!r}")
+    eos = _int("eos_token_id", eos, 0, cfg.vocab_size, none=True)
+    pad = _int("pad_token_id", pad, 0, cfg.vocab_size)
+    if not isinstance(do_sample, (bool, np.bool_)):
+        raise TypeError(f"do_sample must be True or False, got {do_sample!r}")
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a number, got {temperature!r}")
+    if not math.isfinite(temperature) or (do_sample and not temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    top_k = _int("top_k", top_k, 1, cfg.vocab_size + 1, none=True)
+    seed = _int("seed", seed, 0, 2**32, none=True)
+    gen = GenConfig(N, eos, pad, bool(do_sample), float(temperature), top_k, seed or 0, L)
     if attention_mask is None:
-        return torch.ones_like(input_ids, dtype=torch.long)
+        return gen, torch.ones_like(input_ids, dtype=torch.long)
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
-        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
-        raise ValueError(f"attention_mask must match input_ids' shape {tuple(input_ids.shape)}, got {shape}")
+        shape = (tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor)
+                 else type(attention_mask).__name__)
+        raise ValueError(f"attention_mask must match input_ids' shape {tuple(input_ids.shape)}, "
+                         f"got {shape}")
     if attention_mask.device != input_ids.device:
-        raise ValueError(f"attention_mask is on {attention_mask.device}, input_ids on {input_ids.device}")
-    mask = attention_mask.long()
-    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError(f"attention_mask is on {attention_mask.device}, input_ids on "
+                         f"{input_ids.device}")
+    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
         raise ValueError("attention_mask must hold only 0 and 1")
+    mask = attention_mask.long()
     if not bool((mask[:, -1] == 1).all()):
-        raise ValueError("every row's last token must be real (mask 1): pad prompts on the LEFT "
-                         "(tokenizer.padding_side = 'left'); a row may not be all padding")
+        raise ValueError("attention_mask: every row's last token must be real (mask 1): pad prompts "
+                         "on the LEFT (tokenizer.padding_side = 'left'); a row may not be all padding")
     if bool((mask.diff(dim=-1) < 0).any()):
         raise ValueError("attention_mask must be left padding: zeros, then ones, in every row")
-    return mask
+    return gen, mask

@@ -1,5 +1,6 @@
 """How every chapter measures: one timing protocol, memory fragmentation, allocator settings in fresh
 processes, GPU idle gaps from a profiler trace, and the memory-bandwidth floor. Book: chapters 1-3, 6, 8."""
+import gc
 import json
 import os
 import platform
@@ -7,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -15,8 +17,8 @@ import transformers
 
 from .decoders import attention_choice, generate
 
-BENCH_VERSION = 1  # bump when the timing method changes
-COMPILED_STEP = {"compiled", "deferred", "interleaved"}  # their attention: FASTGEN_DECODE_ATTENTION
+BENCH_VERSION = 2  # bump when the timing method changes (2: alternated rounds, prefill apart, IQR)
+COMPILED_STEP = {"compiled", "deferred", "interleaved"}  # their attention: `decode_attention`
 
 
 # --- conditions ------------------------------------------------------------------------------------------
@@ -36,7 +38,7 @@ def conditions(model=None):
         c["dtype"] = str(model.dtype).replace("torch.", "")
         c["weights"] = getattr(model, "fastgen_weights", "?")
         c["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 1)
-        c["decode_attention"] = attention_choice(model.dtype)  # the compiled step's (FASTGEN_DECODE_ATTENTION)
+        c["decode_attention"] = attention_choice(model.dtype)  # the compiled step's, by default
     return c
 
 
@@ -45,54 +47,118 @@ def sync(device=None):
         torch.cuda.synchronize()  # host waits for the GPU here: a timer must not stop before the GPU does
 
 
-# --- timing ----------------------------------------------------------------------------------------------
+# --- timing ---------------------------------------------------------------------------------------------
 
-def time_call(fn, repeats=5, warmup=1):
+def time_call(fn, repeats=10, warmup=1):
     """Wall time of `fn()` in seconds: `warmup` untimed calls (compile, graph capture, lazy init), then
-    `repeats` timed calls, each between two synchronizations. Returns (list of seconds, last result)."""
-    out = None
+    `repeats` timed calls, each between two synchronizations, the garbage collector off.
+    Returns (list of seconds, last result). To compare methods, use `compare`: it alternates them."""
+    times, out = compare({"fn": fn}, repeats, warmup)
+    return times["fn"], out["fn"]
+
+
+def compare(calls, repeats=10, warmup=1):
+    """The book's timing protocol. `calls` maps names to functions. Each is called `warmup` times
+    (compile, capture, lazy init), then `repeats` rounds run every call once, in turn (A B C A B C ...),
+    so that a slow moment of the machine hits all methods alike. Each call is timed between two
+    synchronizations, with the garbage collector off. Returns ({name: [seconds]}, {name: last result})."""
+    out = {}
     for _ in range(warmup):
-        out = fn()
+        for name, fn in calls.items():
+            out[name] = fn()
     sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        sync()
-        times.append(time.perf_counter() - t0)
+    times = {name: [] for name in calls}
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()  # a collection inside a timed call would be charged to whichever method ran then
+    try:
+        for _ in range(repeats):
+            for name, fn in calls.items():
+                t0 = time.perf_counter()
+                out[name] = fn()
+                sync()  # host waits for the GPU here: the timer stops when the GPU has finished
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        if enabled:
+            gc.enable()
     return times, out
 
 
-def measure(model, input_ids, attention_mask, decoder, max_new_tokens, repeats=5, warmup=1, **gen_kwargs):
-    """Time one decoder on one batch: a row of the conditions, the workload, median/min/max seconds, time
-    per step (one new token for every row), tokens/s, and `first_call_s`, the seconds of the first
-    (warm-up) call, which holds compilation for the compiled decoders."""
-    call = lambda: generate(model, input_ids, attention_mask, decoder=decoder,  # noqa: E731
-                            max_new_tokens=max_new_tokens, **gen_kwargs)
-    return measure_call(model, input_ids, max_new_tokens, decoder, call, repeats, warmup)[0]
+def spread(values):
+    """(median, first quartile, third quartile) of a list of numbers."""
+    q1, med, q3 = np.percentile(np.asarray(values, float), [25, 50, 75])
+    return float(med), float(q1), float(q3)
 
 
-def measure_call(model, input_ids, max_new_tokens, method, call, repeats=5, warmup=1):
-    """`measure` for any `call()` that returns generated ids (ours or `model.generate`): (row, last output)."""
-    t0 = time.perf_counter()
-    call()
-    sync()
-    first_s = time.perf_counter() - t0
-    times, out = time_call(call, repeats=repeats, warmup=max(0, warmup - 1))
-    return _row(model, input_ids, max_new_tokens, method, times, out, first_s), out
+def decoder_call(model, input_ids, attention_mask, decoder, max_new_tokens, **gen_kwargs):
+    """`call(n)`: `generate` with `n` new tokens, on a cache sized for `max_new_tokens` (the same
+    cache length, so `call(1)` is the prefill of `call(max_new_tokens)`)."""
+    L = gen_kwargs.pop("max_cache_len", None) or input_ids.shape[1] + max_new_tokens
+
+    def call(n=max_new_tokens):
+        return generate(model, input_ids, attention_mask, decoder=decoder, max_new_tokens=n,
+                        max_cache_len=L, **gen_kwargs)
+    call.decode_attention = (attention_choice(model.dtype, gen_kwargs.get("decode_attention", "auto"))
+                             if decoder in COMPILED_STEP else model.config._attn_implementation)
+    return call
 
 
-def _row(model, input_ids, max_new_tokens, method, times, out, first_s):
+def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1):
+    """Time methods side by side. `calls` maps a method name to `call(n)`, which generates `n` new
+    tokens. For each method, `call(max_new_tokens)` and `call(1)` are timed, all alternated (`compare`).
+    `call(1)` is the time to first token (the prefill and one token choice); the decode time per step
+    is the difference, over the other steps, taken round by round. Returns (rows, {method: tokens})."""
+    first_s = {}
+    for m, c in calls.items():  # the first call of each holds its compile: reported apart
+        t0 = time.perf_counter()
+        c()
+        sync()
+        first_s[m] = time.perf_counter() - t0
+    timed = {}
+    for m, c in calls.items():
+        timed[m] = c
+        if max_new_tokens > 1:
+            timed[f"{m}@1"] = lambda c=c: c(1)
+    times, outs = compare(timed, repeats, warmup)
+    rows = [_row(model, input_ids, max_new_tokens, m, times[m], times.get(f"{m}@1", times[m]),
+                 outs[m], first_s[m], getattr(calls[m], "decode_attention", None)) for m in calls]
+    return rows, {m: outs[m] for m in calls}
+
+
+def measure(model, input_ids, attention_mask, decoder, max_new_tokens, repeats=10, warmup=1,
+            **gen_kwargs):
+    """One decoder on one batch, by the book's protocol: a row of the conditions, the workload, the
+    whole call (median and quartiles, seconds), the time to first token, the decode time per step
+    (median and quartiles), tokens/s, and `first_call_s`, the first call (with any compilation)."""
+    return measure_decoders(model, input_ids, attention_mask, [decoder], max_new_tokens, repeats,
+                            warmup, **gen_kwargs)[0]
+
+
+def measure_decoders(model, input_ids, attention_mask, decoders, max_new_tokens, repeats=10, warmup=1,
+                     **gen_kwargs):
+    """`measure` for several decoders, alternated: a list of rows, one per decoder."""
+    calls = {d: decoder_call(model, input_ids, attention_mask, d, max_new_tokens, **gen_kwargs)
+             for d in decoders}
+    return measure_calls(model, input_ids, calls, max_new_tokens, repeats, warmup)[0]
+
+
+def _row(model, input_ids, max_new_tokens, method, t_full, t_first, out, first_s, attention=None):
     B, T = input_ids.shape
     steps = out.shape[1] - T
-    med = statistics.median(times)
+    med, q1, q3 = spread(t_full)
+    per_step = [(a - b) / (steps - 1) for a, b in zip(t_full, t_first)] if steps > 1 else [np.nan]
+    step, step_q1, step_q3 = spread(per_step)
     c = conditions(model)
     if method not in COMPILED_STEP:  # the other methods run the model's own attention
         c["decode_attention"] = model.config._attn_implementation
+    if attention:
+        c["decode_attention"] = attention
     return {**c, "method": method, "batch": B, "prompt_len": T,
             "max_new_tokens": max_new_tokens, "new_tokens": steps,
-            "median_s": med, "min_s": min(times), "max_s": max(times), "repeats": len(times),
-            "ms_per_step": 1e3 * med / steps, "tokens_per_s": B * steps / med, "first_call_s": first_s}
+            "median_s": med, "q1_s": q1, "q3_s": q3, "min_s": min(t_full), "max_s": max(t_full),
+            "repeats": len(t_full), "ttft_ms": 1e3 * spread(t_first)[0],
+            "ms_per_step": 1e3 * step, "ms_per_step_q1": 1e3 * step_q1,
+            "ms_per_step_q3": 1e3 * step_q3, "tokens_per_s": B * steps / med, "first_call_s": first_s}
 
 
 def fit_exponent(lengths, seconds):
@@ -129,7 +195,10 @@ def measure_bandwidth(nbytes=2**30, repeats=20):
         dst.copy_(src)
     end.record()
     end.synchronize()
-    return 2 * nbytes * repeats / (start.elapsed_time(end) / 1e3)
+    seconds = start.elapsed_time(end) / 1e3
+    del src, dst
+    torch.cuda.empty_cache()  # else the two buffers stay in the allocator and later requests split them
+    return 2 * nbytes * repeats / seconds
 
 
 def floor_ms(config, batch, context, dtype_bytes, bandwidth):
@@ -235,13 +304,22 @@ def profile_decode(fn, path=None):
     import tempfile
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=acts) as prof:
-        fn()
-        sync()
+    with warnings.catch_warnings():  # the profiler's notes about its own event buffers
+        warnings.simplefilter("ignore")
+        with profile(activities=acts, acc_events=True) as prof:
+            fn()
+            sync()
     path = path or os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
         return trace_intervals(json.load(f), annotation="fastgen.")
+
+
+def kernel_ms_per_step(fn, steps):
+    """GPU time per decode step: profile `fn()` and sum the time the GPU was busy with the decoder's
+    work (kernels, copies; overlapping intervals merged), over `steps`. Beside the wall time per step,
+    it says whether a loop is bound by the GPU's work or by the host that feeds it."""
+    return gpu_gaps(profile_decode(fn))["busy_us"] / steps / 1e3
 
 
 def trace_intervals(trace, annotation=None):

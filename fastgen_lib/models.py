@@ -2,7 +2,6 @@
 CPU work, and batches of left-padded prompts. Book: chapter 0 (setup)."""
 import hashlib
 import os
-import warnings
 from pathlib import Path
 
 import torch
@@ -90,11 +89,15 @@ def _pretrained(strict):
             errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
     if strict:
         raise RuntimeError("the gpt2 checkpoint is neither cached nor reachable: " + " | ".join(errors))
-    msg = ("fastgen: the gpt2 checkpoint is not available here, so GPT-2 124M runs with RANDOM weights. "
-           "Timings are the real model's (same shapes and kernels); the generated text is gibberish.")
-    warnings.warn(msg, stacklevel=3)
-    print(msg)
+    global _NOTICE_SHOWN
+    if not _NOTICE_SHOWN:  # once per process: a notebook loads the model in several cells
+        _NOTICE_SHOWN = True
+        print("Note: the gpt2 checkpoint is not available here, so GPT-2 124M runs with random "
+              "weights: the real model's speed (same shapes, same kernels), gibberish text.")
     return None
+
+
+_NOTICE_SHOWN = False
 
 
 def set_eos_bias(model, bias, eos_token_id=EOS):

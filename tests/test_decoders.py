@@ -53,6 +53,27 @@ def test_matches_model_generate(model, references, decoder, case):
     assert first_divergence(model, ids, mask, ref, out) is None
 
 
+@pytest.mark.parametrize("decoder", list(fg.DECODERS))
+def test_one_two_three_new_tokens_then_a_normal_call(model, decoder):
+    # the compiled decoders' warm-up runs three steps: never past a request of 1-3 new tokens
+    fg.set_eos_bias(model, 0.0)
+    ids, mask = fg.make_batch(3, 5, seed=3)
+    for n in (1, 2, 3, 12):
+        ref = hf_generate(model, ids, mask, n, EOS, EOS, **HF_REFERENCE[decoder])
+        out = fg.generate(model, ids, mask, decoder=decoder, max_new_tokens=n, eos_token_id=EOS,
+                          pad_token_id=EOS)
+        assert first_divergence(model, ids, mask, ref, out) is None, n
+
+
+@pytest.mark.parametrize("decoder", ["static_cache", "compiled", "interleaved"])
+def test_a_longer_cache_gives_the_same_tokens(model, decoder):
+    fg.set_eos_bias(model, 0.0)
+    ids, mask = fg.make_batch(2, 8, seed=4)
+    ref = hf_generate(model, ids, mask, 10, EOS, EOS)
+    out = fg.generate(model, ids, mask, decoder=decoder, max_new_tokens=10, max_cache_len=96)
+    assert first_divergence(model, ids, mask, ref, out) is None
+
+
 def test_cases_really_stop_at_different_steps(model, references):
     # the workloads above exercise early stopping: in batch8_stops rows end at >= 2 different steps
     # while others run to the end; in all_stop_early the whole batch ends before max_new_tokens
@@ -161,25 +182,24 @@ def test_one_query_attention_matches_sdpa():
 
 
 @pytest.mark.parametrize("choice", ["auto", "one_query", "sdpa", "math"])
-def test_decode_attention_choices_give_generate_tokens(model, references, choice, monkeypatch):
-    monkeypatch.setenv("FASTGEN_DECODE_ATTENTION", choice)
+def test_decode_attention_choices_give_generate_tokens(model, references, choice):
     ids, mask, N = workload(model, "batch4_mixed")
-    with fg.decoders.decode_attention(model):
-        want = "one_query" if choice == "auto" else choice  # the tiny model is float32
+    want = "one_query" if choice == "auto" else choice  # the tiny model is float32
+    with fg.decoders.decode_attention(model, want):
         assert model.config._attn_implementation == fg.decoders.ATTENTION[want]
     assert model.config._attn_implementation == "sdpa"  # switched back: model.generate never sees ours
-    out = fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=N)
+    out = fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=N, decode_attention=choice)
     assert first_divergence(model, ids, mask, references["batch4_mixed", "dynamic"], out) is None
+    keys = [k for k in model._fastgen_runners if k[:2] == (ids.shape[0], ids.shape[1] + N)]
+    assert want in {k[-1] for k in keys}  # a runner per attention: each keeps its own graphs
 
 
-def test_auto_attention_is_one_query_only_in_float32(monkeypatch):
-    monkeypatch.delenv("FASTGEN_DECODE_ATTENTION", raising=False)
+def test_auto_attention_is_one_query_only_in_float32():
     choice = fg.decoders.attention_choice
     assert (choice(torch.float32), choice(torch.bfloat16), choice(torch.float16)) == ("one_query", "sdpa", "sdpa")
 
 
-def test_decode_attention_rejects_an_unknown_choice(model, monkeypatch):
-    monkeypatch.setenv("FASTGEN_DECODE_ATTENTION", "flash")
+def test_decode_attention_rejects_an_unknown_choice(model):
     ids, mask = fg.make_batch(1, 4, seed=0)
-    with pytest.raises(ValueError, match="one_query"):
-        fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=3)
+    with pytest.raises(ValueError, match="decode_attention='flash'"):
+        fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=3, decode_attention="flash")

@@ -23,7 +23,17 @@ BAD = {
     "negative id": (dict(input_ids=torch.tensor([[-1, 2]])), ValueError, "lie in"),
     "too long": (dict(max_new_tokens=1022), ValueError, "exceeds the model's 1024 positions"),
     "zero new tokens": (dict(max_new_tokens=0), ValueError, "max_new_tokens must be an int >= 1"),
-    "float new tokens": (dict(max_new_tokens=2.5), ValueError, "max_new_tokens must be an int"),
+    "float new tokens": (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an int"),
+    "bool new tokens": (dict(max_new_tokens=True), TypeError, "max_new_tokens must be an int"),
+    "short cache": (dict(max_cache_len=5), ValueError, "max_cache_len must be an int in"),
+    "seed string": (dict(seed="5"), TypeError, "seed must be an int"),
+    "seed float": (dict(seed=1.5), TypeError, "seed must be an int"),
+    "seed too big": (dict(seed=2**32), ValueError, "seed must be an int in"),
+    "temperature string": (dict(temperature="0.7"), TypeError, "temperature must be a number"),
+    "temperature None": (dict(temperature=None), TypeError, "temperature must be a number"),
+    "top_k bool": (dict(do_sample=True, top_k=True), TypeError, "top_k must be an int"),
+    "do_sample string": (dict(do_sample="False"), TypeError, "do_sample must be True or False"),
+    "half mask": (dict(attention_mask=torch.tensor([[0.5, 1.0, 1.0]])), ValueError, "only 0 and 1"),
     "unknown decoder": (dict(decoder="turbo"), ValueError, "unknown decoder 'turbo'"),
     "mask shape": (dict(attention_mask=torch.ones(1, 2, dtype=torch.long)), ValueError, "must match"),
     "mask values": (dict(attention_mask=torch.tensor([[0, 2, 1]])), ValueError, "only 0 and 1"),
@@ -47,6 +57,23 @@ def test_bad_input_is_a_clear_error(model, name, decoder):
     assert out.shape == (1, 7)
 
 
+def test_integer_like_scalars_are_accepted(model):
+    import numpy as np
+    want = fg.generate(model, OK_IDS, decoder="kv_cache", max_new_tokens=4, eos_token_id=50256)
+    for n, eos in ((np.int64(4), np.int64(50256)), (torch.tensor(4), torch.tensor(50256))):
+        got = fg.generate(model, OK_IDS, decoder="kv_cache", max_new_tokens=n, eos_token_id=eos)
+        assert torch.equal(got, want)
+
+
+def test_training_mode_is_a_clear_error(model):
+    model.train()
+    try:
+        with pytest.raises(ValueError, match=r"model\.eval\(\)"):
+            fg.generate(model, OK_IDS, decoder="kv_cache", max_new_tokens=2)
+    finally:
+        model.eval()
+
+
 def test_wrong_device_is_a_clear_error(model):
     with pytest.raises(ValueError, match="is on meta but the model is on cpu"):
         fg.generate(model, torch.zeros(1, 3, dtype=torch.long, device="meta"))
@@ -66,13 +93,13 @@ def test_tokenizer_checks_its_files(monkeypatch):
         models.load_tokenizer()
 
 
-def test_random_weights_fallback_is_visible(monkeypatch, capsys):
+def test_random_weights_fallback_is_said_once(monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import fastgen_lib.models as models
     monkeypatch.setattr(models.GPT2LMHeadModel, "from_pretrained",
                         classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(OSError("no cache"))))
-    with pytest.warns(UserWarning, match="RANDOM weights"):
-        m = models._pretrained(strict=False)
-    assert m is None and "RANDOM weights" in capsys.readouterr().out
+    monkeypatch.setattr(models, "_NOTICE_SHOWN", False)
+    assert models._pretrained(strict=False) is None and models._pretrained(strict=False) is None
+    assert capsys.readouterr().out.count("random weights") == 1  # a note, once, not a warning
     with pytest.raises(RuntimeError, match="neither cached nor reachable"):
         models._pretrained(strict=True)

@@ -30,11 +30,23 @@ def test_measure_row_carries_conditions(model):
     assert row["decode_attention"] == "sdpa"  # an eager decoder runs the model's own attention
 
 
-def test_compiled_rows_name_the_compiled_steps_attention(model, monkeypatch):
+def test_compiled_rows_name_the_compiled_steps_attention(model):
     ids, mask = fg.make_batch(2, 6)
     assert measure.measure(model, ids, mask, "interleaved", 3, repeats=1)["decode_attention"] == "one_query"
-    monkeypatch.setenv("FASTGEN_DECODE_ATTENTION", "math")
-    assert measure.measure(model, ids, mask, "compiled", 3, repeats=1)["decode_attention"] == "math"
+    row = measure.measure(model, ids, mask, "compiled", 3, repeats=1, decode_attention="math")
+    assert row["decode_attention"] == "math"
+
+
+def test_compare_alternates_and_rows_split_prefill_from_decode(model):
+    order = []
+    times, out = measure.compare({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                                 repeats=3, warmup=1)
+    assert order == ["a", "b"] * 4 and len(times["a"]) == len(times["b"]) == 3
+    ids, mask = fg.make_batch(2, 6)
+    row = measure.measure(model, ids, mask, "kv_cache", 6, repeats=3)
+    assert row["q1_s"] <= row["median_s"] <= row["q3_s"] and row["ttft_ms"] > 0
+    assert row["ms_per_step_q1"] <= row["ms_per_step"] <= row["ms_per_step_q3"]
+    assert row["ms_per_step"] < 1e3 * row["median_s"] / 5  # decode per step excludes the prefill
 
 
 def test_fit_exponent_recovers_slopes():

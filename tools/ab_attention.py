@@ -1,4 +1,4 @@
-"""Same-process A/B of the compiled step's attention (FASTGEN_DECODE_ATTENTION): for `interleaved`, the
+"""Same-process A/B of the compiled step's attention (`generate(decode_attention=...)`): for `interleaved`, the
 time of a whole call, of the prefill alone and of the steps alone (medians of 7), and the profiled step
 span, with one_query and sdpa alternating (one_query, sdpa, sdpa, one_query) in one process. GPU host:
 
@@ -28,13 +28,11 @@ def main(batches, dtype, n):
     for batch in batches:
         ids, mask = make_batch(batch, 16, seed=batch, device=model.device)
         for mode in ("one_query", "sdpa", "sdpa", "one_query"):
-            os.environ["FASTGEN_DECODE_ATTENTION"] = mode  # a runner per choice: each keeps its own graphs
-
-            def call():
+            def call():  # a runner per choice: each keeps its own graphs
                 return generate(model, ids, mask, decoder="interleaved", max_new_tokens=n, eos_token_id=EOS,
-                                pad_token_id=EOS)
+                                pad_token_id=EOS, decode_attention=mode)
             calls, _ = measure.time_call(call, repeats=7, warmup=2)
-            r = runner_for(model, ids, GenConfig(n, EOS, EOS))
+            r = runner_for(model, ids, GenConfig(n, EOS, EOS, decode_attention=mode))
             pre, _ = measure.time_call(lambda: r.prefill(ids, mask), repeats=7, warmup=1)
 
             def steps():  # a prefill (the cache must start over), then n-1 graph replays

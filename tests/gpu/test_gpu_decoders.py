@@ -420,3 +420,40 @@ def test_runner_sees_a_new_eos_bias():
     assert stale.shape == fresh.shape and torch.equal(stale, fresh), (
         f"a runner captured before fg.set_eos_bias ignores the new bias: stops {stop_steps(stale, T1)} "
         f"vs {stop_steps(fresh, T1)} with a fresh runner")
+
+
+# --- 8. short requests: the warm-up never steps past the buffers (issue 12) -------------------------------
+
+@pytest.mark.parametrize("decoder", list(fg.DECODERS))
+def test_one_two_three_new_tokens_then_a_normal_call(model, decoder):
+    """max_new_tokens 1-3 once triggered a device-side assert in the warm-up (three steps into a buffer of
+    prompt + N columns), which poisoned the CUDA context for every later call. Each short call must give
+    model.generate's tokens, and a normal call after it must too, in the same process."""
+    eos_bias(model, 0.0)
+    ids, mask = fg.make_batch(3, 7, seed=12, device="cuda")
+    for n in (1, 2, 3, N_S):
+        ref = hf_generate(model, ids, mask, n, EOS, EOS, **hf_kwargs(decoder))
+        out = decode(model, ids, mask, decoder, max_new_tokens=n)
+        assert first_divergence(model, ids, mask, ref, out) is None, (decoder, n)
+    torch.cuda.synchronize()  # a device-side assert would surface here
+
+
+def test_short_random_requests_match_generate(model):
+    """A bounded random sweep of the CPU property test's space on CUDA, N = 1-3 included: batch 1-9, prompt
+    1-32, left padding, EOS biases; every request's tokens equal model.generate's (interleaved vs
+    compiled's reference, the dynamic cache), then a refused call, then a valid one."""
+    rng = random.Random(7)
+    for i in range(12):
+        B, T, n = rng.randint(1, 9), rng.randint(1, 32), rng.choice([1, 2, 3, rng.randint(4, 24)])
+        eos_bias(model, rng.choice([0.0, 1.0, 2.0]))
+        ids, mask = fg.make_batch(B, T, seed=100 + i, device="cuda")
+        ref = hf_generate(model, ids, mask, n, EOS, EOS)
+        out = decode(model, ids, mask, "interleaved", max_new_tokens=n)
+        assert first_divergence(model, ids, mask, ref, out) is None, (B, T, n)
+        with pytest.raises((ValueError, TypeError)):
+            decode(model, ids, mask, "interleaved", max_new_tokens=rng.choice([0, 1.5, 2000]))
+    eos_bias(model, 0.0)
+    ids, mask = fg.make_batch(2, 5, seed=1, device="cuda")
+    out = decode(model, ids, mask, "interleaved", max_new_tokens=4)
+    torch.cuda.synchronize()
+    assert out.shape == (2, 9)
