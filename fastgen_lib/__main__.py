@@ -1,50 +1,172 @@
-"""The command line: `python -m fastgen_lib {check,generate,bench,memory,profile} --help`."""
+"""The command line: `python -m fastgen_lib {check,generate,bench,memory,profile}`.
+
+Arguments are checked before torch loads. A bad one, or a ValueError/TypeError from the
+library, is one line `error: ...` on stderr and exit status 2 (FASTGEN_DEBUG=1 shows the
+traceback instead)."""
 import argparse
 import json
+import math
 import os
 import sys
 import time
 
-import torch
+from .names import DECODER_NAMES, HF_METHOD_NAMES
+
+N_POSITIONS = 1024  # GPT-2's n_positions, both sizes: prompt + new tokens must fit
+VOCAB = 50257
+METHODS = list(DECODER_NAMES) + list(HF_METHOD_NAMES)
+COMPILED = {"compiled", "deferred", "interleaved"}  # torch.compile on their first call
+
+
+def fail(message):
+    """One line on stderr and exit status 2 (argparse's status for a usage error)."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: one line, like ours
+        fail(f"{message} (see: {self.prog} --help)")
+
+
+def cpu_threads():
+    """torch threads for `bench` on a CPU: the usable cores, at most 4. The tiny
+    model's steps are too small to gain from more; fewer leave the machine usable and
+    the timings steadier."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
+def rough_seconds(args, methods, size, skip=None):
+    """A rough estimate of `bench` on an idle CPU. Per method and workload (but those
+    that `skip(method, batch, new_tokens)` leaves out): the first call, a warm-up and
+    `repeats` rounds of a whole call and a one-token call, at ~3 ms (tiny) or ~50 ms
+    (124m) a step at batch 1, growing with the batch (naive: x3); the reference like one
+    more method; ~20 s of torch.compile per batch size and dtype for a compiled decoder;
+    10 s to start."""
+    base = 0.003 if size == "tiny" else 0.05
+    total = 10.0
+    for b in args.batch:
+        step = base * (1 + b / 16)
+        for n in args.new_tokens:
+            ms = [m for m in methods if not (skip and skip(m, b, n))]
+            weight = sum(3 if m == "naive" else 1 for m in ms) + 1
+            total += (args.repeats + 2) * (n + 3) * step * weight * len(args.dtype)
+        total += 20 * len(args.dtype) if COMPILED & set(methods) else 0
+    return total
+
+
+def problem(args):
+    """The first bad argument, in words, or None: checked before torch and the model."""
+    if args.cmd == "generate":
+        n, t, k, seed = args.max_new_tokens, args.temperature, args.top_k, args.seed
+        checks = [
+            (n >= 1, f"--max-new-tokens must be at least 1, got {n}"),
+            (n < N_POSITIONS, f"--max-new-tokens ({n}) leaves no room for a prompt in "
+                              f"GPT-2's {N_POSITIONS} positions"),
+            (all(args.prompt), "--prompt: an empty prompt has no token to start from"),
+            (t > 0 and math.isfinite(t), f"--temperature must be > 0, got {t}"),
+            (k is None or 1 <= k <= VOCAB, f"--top-k must be in [1, {VOCAB}], got {k}"),
+            (0 <= seed < 2**32, f"--seed must be in [0, 2**32), got {seed}"),
+        ]
+    elif args.cmd in ("bench", "memory", "profile"):
+        n, T, b = max(args.new_tokens), args.prompt_len, min(args.batch)
+        checks = [
+            (b >= 1, f"--batch must be at least 1, got {b}"),
+            (min(args.new_tokens) >= 1,
+             f"--new-tokens must be at least 1, got {min(args.new_tokens)}"),
+            (T >= 1, f"--prompt-len must be at least 1, got {T}"),
+            (T + n <= N_POSITIONS,
+             f"prompt ({T}) + new tokens ({n}) exceeds GPT-2's {N_POSITIONS} "
+             f"positions"),
+            (args.repeats >= 1, f"--repeats must be at least 1, got {args.repeats}"),
+        ]
+        if args.cmd == "bench":
+            unknown = [m for m in args.methods or [] if m not in METHODS] or [""]
+            missing = [f for f in args.merge or [] if not os.path.exists(f)]
+            checks += [
+                (not unknown[0],
+                 f"unknown method {unknown[0]!r}: choose from {', '.join(METHODS)}"),
+                (args.threads is None or args.threads >= 1,
+                 f"--threads must be at least 1, got {args.threads}"),
+                (not args.merge or (args.out and not missing),
+                 f"--merge needs existing CSVs and --out "
+                 f"(missing: {', '.join(missing) or 'none'})"),
+            ]
+        else:
+            one = len(args.batch) == len(args.new_tokens) == len(args.dtype) == 1
+            checks.append((one, f"{args.cmd} measures one workload: give one --batch, "
+                                f"one --new-tokens and one --dtype"))
+    else:
+        checks = []
+    return next((msg for ok, msg in checks if not ok), None)
+
+
+def need_cuda(cmd, why):
+    """One line and exit 2 where there is no CUDA GPU, before the model loads."""
+    import torch
+    if not torch.cuda.is_available():
+        fail(f"{cmd} needs a CUDA GPU, and this machine has none: {why}")
 
 
 def cmd_check(args):
-    """One line: is this machine ready for the book's GPU chapters?"""
+    """One line: what runs on this machine, or what is broken (then exit 1)."""
+    import torch
+    import transformers
+
     from . import models
-    problems, notes = [], []
-    if not torch.cuda.is_available():
-        problems.append("no CUDA GPU (chapters 1-4 still run on the CPU with FASTGEN_SIZE=tiny)")
+    cuda = torch.cuda.is_available()
+    problems = []
+    if cuda:
+        notes = [torch.cuda.get_device_name()]
     else:
-        notes.append(torch.cuda.get_device_name())
-        try:
-            x = torch.ones(8, device="cuda")
-            torch.compile(lambda t: t * 2 + 1)(x)
+        notes = ["CPU only: every chapter runs here with the tiny model and CPU "
+                 "timings; the GPU chapters' numbers need CUDA"]
+    try:  # the compiled decoders need it: Triton on a GPU, a C++ compiler on a CPU
+        x = torch.ones(8, device="cuda" if cuda else "cpu")
+        torch.compile(lambda t: t * 2 + 1)(x)
+        if cuda:
             torch.cuda.synchronize()
-        except Exception as exc:  # torch.compile needs Triton and a C compiler
-            problems.append(f"torch.compile fails ({type(exc).__name__}: {str(exc)[:80]})")
+    except Exception as exc:
+        msg = " ".join(str(exc).split())[:80]
+        problems.append(f"torch.compile fails on the {'GPU' if cuda else 'CPU'} "
+                        f"({type(exc).__name__}: {msg})")
     try:
         models.load_tokenizer()
     except Exception as exc:
-        problems.append(f"tokenizer files: {exc}")
-    import transformers
+        problems.append(f"tokenizer files: {' '.join(str(exc).split())}")
     notes += [f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
     if transformers.__version__ != "5.17.0":
         notes.append("(the book was built with transformers 5.17.0)")
-    line = ("READY: " if not problems else "NOT READY: ") + "; ".join(problems + notes)
-    print(line)
+    print(("READY: " if not problems else "NOT READY: ") + "; ".join(problems + notes))
     return 0 if not problems else 1
 
 
 def cmd_generate(args):
+    if len(args.prompt) > 1 and not any(" " in p for p in args.prompt):
+        print(f"warning: {len(args.prompt)} one-word prompts, one row each; for one "
+              f"prompt with spaces, quote it: --prompt \"{' '.join(args.prompt[:2])}\"",
+              file=sys.stderr)
+    import torch
+
     from . import decoders, models
     tok = models.load_tokenizer()
-    model = models.load_model(args.size, dtype=getattr(torch, args.dtype), weights=args.weights)
     enc = tok(args.prompt, return_tensors="pt", padding=True)
-    ids, mask = enc["input_ids"].to(model.device), enc["attention_mask"].to(model.device)
-    kw = dict(decoder=args.decoder, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+    T, n = enc["input_ids"].shape[1], args.max_new_tokens
+    if T + n > N_POSITIONS:
+        fail(f"prompt ({T} tokens) + new tokens ({n}) exceeds GPT-2's {N_POSITIONS} "
+             f"positions")
+    model = models.load_model(args.size, dtype=getattr(torch, args.dtype),
+                              weights=args.weights)
+    ids = enc["input_ids"].to(model.device)
+    mask = enc["attention_mask"].to(model.device)
+    kw = dict(decoder=args.decoder, max_new_tokens=n, do_sample=args.sample,
               temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     t0 = time.perf_counter()
-    decoders.generate(model, ids, mask, **kw)  # first call: compiles and captures where the decoder does
+    decoders.generate(model, ids, mask, **kw)  # first call: compiles and captures
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     sync()
     first = time.perf_counter() - t0
@@ -52,101 +174,128 @@ def cmd_generate(args):
     out = decoders.generate(model, ids, mask, **kw)
     sync()
     dt = time.perf_counter() - t0
-    n = out.shape[1] - ids.shape[1]
+    got = out.shape[1] - ids.shape[1]
     for text in tok.batch_decode(out, skip_special_tokens=True):
         print(text)
         print("-" * 40)
-    print(f"{args.decoder} on {model.device} ({model.fastgen_weights} weights): {n} tokens in {dt * 1e3:.1f} ms = "
-          f"{dt / n * 1e3:.2f} ms/token (first call, with compilation: {first:.1f} s)")
+    print(f"{args.decoder} on {model.device} ({model.fastgen_weights} weights): {got} "
+          f"tokens in {dt * 1e3:.1f} ms = {dt / got * 1e3:.2f} ms/token "
+          f"(first call, with compilation: {first:.1f} s)")
     return 0
 
 
 def cmd_bench(args):
     import pandas as pd
+    import torch
 
     from . import bench, measure, plots
     from .models import default_size, load_model
     methods = args.methods or bench.METHODS
-    for m in methods:
-        if m not in bench.METHODS:
-            sys.exit(f"unknown method {m!r}: choose from {', '.join(bench.METHODS)}")
     size = args.size or default_size()
-    if args.merge:  # no measuring: CSVs from earlier runs (e.g. a sweep split over GPUs) -> one CSV + figures
-        missing = [f for f in args.merge if not os.path.exists(f)]
-        if missing or not args.out:
-            sys.exit(f"--merge needs existing CSVs and --out (missing: {', '.join(missing) or 'none'})")
+    cuda = torch.cuda.is_available()
+    if args.merge:  # no measuring: CSVs of earlier runs (a sweep over GPUs) -> one CSV
         frames = [pd.read_csv(f) for f in args.merge]
         joined = pd.concat(frames)
         on_gpu = not joined.gpu.str.startswith("CPU").any()
         args.sweep, bw = any("sweep" in os.path.basename(f) for f in args.merge), None
         size = "124m" if on_gpu and joined.params_m.min() > 100 else "tiny"
     else:
-        print(json.dumps(measure.conditions()), f"size={size}", " ".join(sys.argv), sep="\n")
+        if args.threads or not cuda:
+            torch.set_num_threads(args.threads or cpu_threads())
+        print(json.dumps(measure.conditions()), f"size={size}", " ".join(sys.argv),
+              sep="\n")
+        if not cuda:
+            s = rough_seconds(args, methods, size, args.sweep and bench.default_skip)
+            took = f"{s / 60:.0f} min" if s > 90 else f"{s:.0f} s"
+            print(f"on the CPU with {torch.get_num_threads()} torch threads (--threads "
+                  f"to change): about {took} on an idle machine (a rough estimate)",
+                  flush=True)
         bw, frames = measure.measure_bandwidth(), []
     for dtype in [] if args.merge else args.dtype:
         model = load_model(size, dtype=getattr(torch, dtype))
         if not args.sweep:
-            frames += [bench.ladder(model, b, args.prompt_len, n, methods, args.repeats, bw)
-                       for b in args.batch for n in args.new_tokens]
+            frames += [bench.ladder(model, b, args.prompt_len, n, methods, args.repeats,
+                                    bw) for b in args.batch for n in args.new_tokens]
             continue
-        # float32 is the article's setting and gets the whole grid; other dtypes the 100-token column
-        ns = args.new_tokens if dtype == args.dtype[0] else [n for n in args.new_tokens if n == 100]
+        # float32 is the article's setting: the whole grid; other dtypes the 100 column
+        ns = [n for n in args.new_tokens if dtype == args.dtype[0] or n == 100]
         partial = None
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             partial = os.path.join(args.out, f"sweep_partial_{dtype}.csv")
         if ns:
-            frames.append(bench.sweep(model, args.batch, ns, methods, args.repeats, args.prompt_len, bw,
-                                      skip=bench.default_skip, checkpoint=partial))
+            frames.append(bench.sweep(model, args.batch, ns, methods, args.repeats,
+                                      args.prompt_len, bw, skip=bench.default_skip,
+                                      checkpoint=partial))
     df = pd.concat(frames, ignore_index=True)
     if bw:
         print(f"measured device-to-device bandwidth: {bw / 1e12:.2f} TB/s")
-    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.3g}".format):
+    claims = bench.claims(df)
+    with pd.option_context("display.width", 200, "display.max_columns", 30,
+                           "display.float_format", "{:.3g}".format):
         for (b, n, d), g in df.groupby(["batch", "max_new_tokens", "dtype"]):
             print(f"\nbatch {b}, prompt {g.prompt_len.iloc[0]}, {n} new tokens, {d}:")
             print(bench.summary(g).drop(columns=["batch"]).to_string(index=False))
-        print("\nclaims:" + ("" if (torch.cuda.is_available() or args.merge) and size == "124m" else
-                             f" (stated for GPT-2 124M on a GPU; with the {size} model on this "
-                             f"{'GPU' if torch.cuda.is_available() else 'CPU'} they only show that the code runs)"))
-        print(bench.claims(df).to_string(index=False))
+        stated = (cuda or args.merge) and size == "124m"
+        print("\nclaims:" + ("" if stated else
+                             f" (stated for GPT-2 124M on a GPU; with the {size} "
+                             f"model on this {'GPU' if cuda else 'CPU'} they only show "
+                             f"that the code runs)"))
+        print(claims.to_string(index=False))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         name = "sweep" if args.sweep else "ladder"
         df.to_csv(os.path.join(args.out, f"{name}.csv"), index=False)
-        bench.claims(df).to_csv(os.path.join(args.out, f"{name}_claims.csv"), index=False)
+        claims.to_csv(os.path.join(args.out, f"{name}_claims.csv"), index=False)
         plots.save_bench_figures(df, args.out, name)
         print(f"wrote {args.out}/{name}.csv and figures")
     bad = df[~df.tokens_match]
     if len(bad):
-        print(f"\nWARNING: {len(bad)} rows differ from model.generate:\n{bad[['method', 'batch', 'divergence']]}")
+        print(f"\nWARNING: {len(bad)} rows differ from model.generate:\n"
+              f"{bad[['method', 'batch', 'divergence']]}")
     return 0
 
 
 def cmd_memory(args):
-    """Fragmentation of one decoder in this process (run it under a PYTORCH_ALLOC_CONF of your choice)."""
+    """Fragmentation of one decoder in this process (run it under a PYTORCH_ALLOC_CONF
+    of your choice)."""
+    need_cuda("memory", "it measures PyTorch's CUDA caching allocator")
+    import torch
+
     from . import measure
     from .decoders import generate
     from .models import load_model, make_batch
     model = load_model(args.size, dtype=getattr(torch, args.dtype[0]))
     ids, mask = make_batch(args.batch[0], args.prompt_len, device=model.device)
-    call = lambda: generate(model, ids, mask, decoder=args.decoder, max_new_tokens=args.new_tokens[0])  # noqa
+
+    def call():
+        return generate(model, ids, mask, decoder=args.decoder,
+                        max_new_tokens=args.new_tokens[0])
     call()  # warm-up: compile and capture outside the measured run
     stats, _ = measure.memory_run(call, history=False)
     times, _ = measure.time_call(call, repeats=args.repeats, warmup=0)
-    stats.update(decoder=args.decoder, batch=args.batch[0], new_tokens=args.new_tokens[0],
-                 median_s=sorted(times)[len(times) // 2], min_s=min(times), max_s=max(times),
+    stats.update(decoder=args.decoder, batch=args.batch[0],
+                 new_tokens=args.new_tokens[0], median_s=sorted(times)[len(times) // 2],
+                 min_s=min(times), max_s=max(times),
                  env_alloc_conf=os.environ.get("PYTORCH_ALLOC_CONF", ""))
     print(json.dumps(stats) if args.json else stats)
     return 0
 
 
 def cmd_profile(args):
+    need_cuda("profile", "it measures the GPU's idle time between kernels, and a CPU "
+                         "run has no GPU intervals")
+    import torch
+
     from . import measure
     from .decoders import generate
     from .models import load_model, make_batch
     model = load_model(args.size, dtype=getattr(torch, args.dtype[0]))
     ids, mask = make_batch(args.batch[0], args.prompt_len, device=model.device)
-    call = lambda: generate(model, ids, mask, decoder=args.decoder, max_new_tokens=args.new_tokens[0])  # noqa
+
+    def call():
+        return generate(model, ids, mask, decoder=args.decoder,
+                        max_new_tokens=args.new_tokens[0])
     call()
     iv = measure.profile_decode(call, path=args.trace)
     gaps = measure.gpu_gaps(iv, steps=args.new_tokens[0])
@@ -157,59 +306,92 @@ def cmd_profile(args):
     return 0
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m fastgen_lib", description=__doc__)
+COMMANDS = {"check": cmd_check, "generate": cmd_generate, "bench": cmd_bench,
+            "memory": cmd_memory, "profile": cmd_profile}
+
+
+def parser():
+    p = Parser(prog="python -m fastgen_lib", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    from .decoders import DECODERS
+    dtypes, sizes = ["float32", "bfloat16", "float16"], ["124m", "tiny"]
+    size_help = "model size (default: FASTGEN_SIZE, else 124m on CUDA, tiny on a CPU)"
 
     def common(sp, batch=(1,), new_tokens=(100,)):
-        sp.add_argument("--size", choices=["124m", "tiny"], default=None,
-                        help="model size (default: FASTGEN_SIZE, else 124m on CUDA and tiny on a CPU)")
-        sp.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"])
-        sp.add_argument("--batch", type=int, nargs="+", default=None, help=f"default: {' '.join(map(str, batch))}")
+        sp.add_argument("--size", choices=sizes, default=None, help=size_help)
+        sp.add_argument("--dtype", nargs="+", default=["float32"], choices=dtypes)
+        sp.add_argument("--batch", type=int, nargs="+", default=None,
+                        help=f"default: {' '.join(map(str, batch))}")
         sp.add_argument("--new-tokens", type=int, nargs="+", default=None,
                         help=f"default: {' '.join(map(str, new_tokens))}")
         sp.set_defaults(default_batch=list(batch), default_new_tokens=list(new_tokens))
-        sp.add_argument("--prompt-len", type=int, default=16)
-        sp.add_argument("--repeats", type=int, default=5)
+        sp.add_argument("--prompt-len", type=int, default=16,
+                        help=f"default: 16 (prompt + new tokens <= {N_POSITIONS})")
+        sp.add_argument("--repeats", type=int, default=10,
+                        help="timed rounds, methods alternated (default: 10)")
 
-    sub.add_parser("check", help="one line: is this machine ready?")
+    sub.add_parser("check", help="one line: what runs here, or what is broken")
     g = sub.add_parser("generate", help="generate text from a prompt")
-    g.add_argument("--prompt", nargs="+", default=["The quick brown fox"])
-    g.add_argument("--decoder", choices=list(DECODERS), default="interleaved")
+    g.add_argument("--prompt", nargs="+", default=["The quick brown fox"],
+                   help='one or more prompts, one row each; quote each prompt: '
+                        '--prompt "Hello world" "Another prompt" (unquoted words are '
+                        'separate prompts: a warning says so when every prompt is one '
+                        'word)')
+    g.add_argument("--decoder", choices=DECODER_NAMES, default="interleaved")
     g.add_argument("--max-new-tokens", type=int, default=40)
-    g.add_argument("--size", choices=["124m", "tiny"], default=None)
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--weights", default="auto", choices=["auto", "pretrained", "random"])
+    g.add_argument("--size", choices=sizes, default=None, help=size_help)
+    g.add_argument("--dtype", default="float32", choices=dtypes)
+    g.add_argument("--weights", default="auto",
+                   choices=["auto", "pretrained", "random"])
     g.add_argument("--sample", action="store_true")
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--temperature", type=float, default=1.0, help="> 0 (with --sample)")
+    g.add_argument("--top-k", type=int, default=None,
+                   help=f"1 to {VOCAB} (with --sample)")
+    g.add_argument("--seed", type=int, default=0, help="0 to 2**32 - 1")
     b = sub.add_parser("bench", help="the ladder of decoders beside model.generate")
     common(b, batch=(1, 32), new_tokens=(100,))
-    b.add_argument("--methods", nargs="+", default=None, help="default: all decoders, hf_dynamic, hf_static")
+    b.add_argument("--methods", nargs="+", default=None,
+                   help=f"default: all of {', '.join(METHODS)}")
     b.add_argument("--sweep", action="store_true",
-                   help="the grid: batch x new tokens for the first dtype, the 100-token column for the others "
-                        "(eager methods only where cheap: see bench.default_skip)")
-    b.add_argument("--out", default=None, help="folder for the CSV and figures (e.g. results/h200)")
+                   help="the grid: batch x new tokens for the first dtype, the "
+                        "100-token column for the others (eager methods only where "
+                        "cheap: see bench.default_skip)")
+    b.add_argument("--out", default=None,
+                   help="folder for the CSV and figures (e.g. results/h200)")
     b.add_argument("--merge", nargs="+", default=None, metavar="CSV",
-                   help="measure nothing: join these ladder/sweep CSVs into one, with its claims and figures, in --out")
-    m = sub.add_parser("memory", help="fragmentation of one decoder in this process")
+                   help="measure nothing: join these ladder/sweep CSVs into one, with "
+                        "its claims and figures, in --out")
+    b.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default on a CPU: the usable cores, at most 4)")
+    m = sub.add_parser("memory", help="fragmentation of one decoder (needs CUDA)")
     common(m, batch=(8,), new_tokens=(200,))
-    m.add_argument("--decoder", choices=list(DECODERS), default="kv_cache")
+    m.add_argument("--decoder", choices=DECODER_NAMES, default="kv_cache")
     m.add_argument("--json", action="store_true")
-    pr = sub.add_parser("profile", help="GPU idle time of one decoder from a profiler trace")
+    pr = sub.add_parser("profile", help="GPU idle time of one decoder from a profiler "
+                                        "trace (needs CUDA)")
     common(pr, batch=(1,), new_tokens=(50,))
-    pr.add_argument("--decoder", choices=list(DECODERS), default="interleaved")
+    pr.add_argument("--decoder", choices=DECODER_NAMES, default="interleaved")
     pr.add_argument("--trace", default=None, help="where to keep the Chrome trace")
-    pr.add_argument("--kernels", action="store_true", help="also print the kernels that take the time")
-    args = p.parse_args(argv)
+    pr.add_argument("--kernels", action="store_true",
+                    help="also print the kernels that take the time")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)  # a bad argument exits here, with status 2
     if hasattr(args, "default_batch"):
         sweep = getattr(args, "sweep", False)
         args.batch = args.batch or ([1, 4, 8, 16, 32] if sweep else args.default_batch)
-        args.new_tokens = args.new_tokens or ([50, 100, 200, 400] if sweep else args.default_new_tokens)
-    return {"check": cmd_check, "generate": cmd_generate, "bench": cmd_bench, "memory": cmd_memory,
-            "profile": cmd_profile}[args.cmd](args)
+        args.new_tokens = args.new_tokens or ([50, 100, 200, 400] if sweep
+                                              else args.default_new_tokens)
+    msg = problem(args)
+    if msg:
+        fail(msg)
+    try:
+        return COMMANDS[args.cmd](args)
+    except (ValueError, TypeError) as exc:  # the library's word on bad input: one line
+        if os.environ.get("FASTGEN_DEBUG"):
+            raise
+        fail(exc)
 
 
 if __name__ == "__main__":
