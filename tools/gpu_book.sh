@@ -3,7 +3,8 @@
 # (nothing else runs on the host while they time). From the repo root on a GPU host:
 #
 #   OUT=/somewhere bash tools/gpu_book.sh 00_setup 01_naive      # these chapters, in this order
-#   OUT=/somewhere TESTS="-k short" bash tools/gpu_book.sh ...   # first: pytest -m gpu tests/gpu $TESTS
+#   OUT=/somewhere TESTS="-k short" DEADLINE=560 bash tools/gpu_book.sh ...  # then pytest -m gpu \
+#                                                 tests/gpu $TESTS, if DEADLINE (s) leaves time
 #
 # Writes $OUT/book.tgz (the executed notebooks and every file the chapters wrote under results/),
 # $OUT/book_log.txt and, with TESTS, $OUT/gpu_tests.txt. The GPU's state before the run is logged,
@@ -21,14 +22,23 @@ stamp=$(mktemp); touch "$stamp"
   nvidia-smi --query-gpu=name,utilization.gpu,memory.used,memory.total --format=csv
   nvidia-smi --query-compute-apps=pid,name,used_memory --format=csv
 } 2>&1 | tee "$OUT/book_log.txt"
-if [ -n "${TESTS:-}" ]; then
+pack() {  # after every chapter, so that a call cut short still brings back what finished
+  files=$( (for ch in "$@"; do echo "notebooks/$ch.ipynb"; done; find results -newer "$stamp" -type f) )
   # shellcheck disable=SC2086
-  python3 -m pytest -m gpu tests/gpu -q -rA $TESTS 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
-fi
+  tar czf "$OUT/book.tgz.tmp" $files && mv "$OUT/book.tgz.tmp" "$OUT/book.tgz"
+}
+T0=$(date +%s)
+done_chapters=()
 for ch in "$@"; do
-  python3 tools/run_notebooks.py --inplace --timeout 900 "notebooks/$ch.ipynb" 2>&1 \
+  python3 tools/run_notebooks.py --inplace --allow-errors --timeout 900 "notebooks/$ch.ipynb" 2>&1 \
     | tee -a "$OUT/book_log.txt"
+  done_chapters+=("$ch")
+  pack "${done_chapters[@]}"
 done
-files=$( (for ch in "$@"; do echo "notebooks/$ch.ipynb"; done; find results -newer "$stamp" -type f) )
-# shellcheck disable=SC2086
-tar czf "$OUT/book.tgz" $files && echo "packed: $(echo $files | wc -w) files" | tee -a "$OUT/book_log.txt"
+echo "chapters took $(( $(date +%s) - T0 )) s" | tee -a "$OUT/book_log.txt"
+# GPU tests after the chapters (never beside them), if TESTS is set and DEADLINE (s) leaves time
+if [ -n "${TESTS:-}" ] && [ $(( ${DEADLINE:-100000} - ($(date +%s) - T0) )) -gt 60 ]; then
+  # shellcheck disable=SC2086
+  timeout $(( ${DEADLINE:-100000} - ($(date +%s) - T0) - 15 )) \
+    python3 -m pytest -m gpu tests/gpu -q -rA $TESTS 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
+fi
