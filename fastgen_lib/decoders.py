@@ -15,6 +15,7 @@ import contextlib
 import math
 import numbers
 import operator
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -239,6 +240,17 @@ compiled_step = torch.compile(decode_step, fullgraph=True, dynamic=True)
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
+@contextlib.contextmanager
+def quiet_compile():
+    """Silence inductor's two pieces of advice at compile time, which are not about correctness:
+    TF32 (the book keeps float32 matmuls exact, so the tokens equal `model.generate`'s) and "online
+    softmax disabled" (a note about its own reduction strategy). Other warnings still show."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
+        warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled")
+        yield
+
+
 class Runner:
     """What a compiled decode reuses, built once per (model, batch, cache length, sampling settings): the
     StaticCache, the step's input/output buffers, the compiled step and, on CUDA, one CUDA graph per
@@ -285,6 +297,7 @@ class Runner:
         self.step_pos.copy_(self.pos[:, T : T + 1])
         self.done[0].copy_(self.finished.all())
 
+    @quiet_compile()
     def warm_up(self):
         """Compile, then (CUDA) capture one graph per slot. The steps run on a scratch prefill of one
         token, so they write columns 1-4 whatever the request (the Runner has at least `MIN_LENGTH`):

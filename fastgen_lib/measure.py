@@ -306,7 +306,7 @@ def profile_decode(fn, path=None):
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with warnings.catch_warnings():  # the profiler's notes about its own event buffers
         warnings.simplefilter("ignore")
-        with profile(activities=acts, acc_events=True) as prof:
+        with profile(activities=acts) as prof:
             fn()
             sync()
     path = path or os.path.join(tempfile.mkdtemp(), "trace.json")
