@@ -139,3 +139,201 @@ def save_bench_figures(df, out, name):
             fig = sweep_lines(g)
             fig.savefig(os.path.join(out, f"sweep_tokens_per_s_{d}.png"), dpi=120)
             plt.close(fig)
+
+
+# --- chapter 8 and the book's front page ---------------------------------------------------------------
+
+LABELS = {"naive": "naive (ch. 1)", "kv_cache": "kv_cache (ch. 2)", "static_cache": "static_cache (ch. 4)",
+          "compiled": "compiled (ch. 5)", "deferred": "deferred (ch. 7)", "interleaved": "interleaved (ch. 7)",
+          "hf_dynamic": "model.generate, dynamic cache", "hf_static": "model.generate, static cache"}
+DTYPE_COLORS = {"float32": "tab:blue", "bfloat16": "tab:orange", "float16": "tab:green"}
+
+
+def ladder_overview(df, title=None):
+    """Decode ms per step (median, whiskers: IQR) of every method on a log axis: one panel per batch size,
+    one bar per dtype, our decoders above `model.generate`, each dtype's bandwidth floor a dashed line."""
+    batches = sorted(df.batch.unique())
+    dtypes = [d for d in DTYPE_COLORS if d in set(df.dtype)]
+    methods = [m for m in ORDER if m in set(df.method)]
+    height = 1.4 + len(batches) * (0.5 + 0.17 * len(methods) * len(dtypes))
+    fig, axes = plt.subplots(len(batches), 1, figsize=(8, height), sharex=True, squeeze=False)
+    h = 0.8 / len(dtypes)
+    for ax, b in zip(axes[:, 0], batches):
+        for j, d in enumerate(dtypes):
+            g = df[(df.batch == b) & (df.dtype == d)].set_index("method").reindex(methods)
+            y = np.arange(len(methods)) + (j - (len(dtypes) - 1) / 2) * h
+            ms = g.ms_per_step
+            err = None
+            if "ms_per_step_q1" in g:
+                err = [(ms - g.ms_per_step_q1).clip(lower=0), (g.ms_per_step_q3 - ms).clip(lower=0)]
+            ax.barh(y, ms, height=h, color=DTYPE_COLORS[d], xerr=err, log=True,
+                    error_kw={"lw": 0.8, "capsize": 2, "ecolor": "0.25"})
+            for yi, v in zip(y, ms):
+                if v == v:
+                    ax.text(v * 1.12, yi, f"{v:.2f}" if v < 10 else f"{v:.1f}", va="center", fontsize=8)
+            if "floor_ms_per_step" in g and g.floor_ms_per_step.notna().any():
+                ax.axvline(g.floor_ms_per_step.min(), color=DTYPE_COLORS[d], ls="--", lw=1.2,
+                           zorder=0.5)
+        ax.set_yticks(range(len(methods)), [LABELS.get(m, m) for m in methods], fontsize=9)
+        ax.set_ylim(len(methods) - 0.5, -0.5)
+        ours = sum(not m.startswith("hf_") for m in methods)
+        if 0 < ours < len(methods):
+            ax.axhline(ours - 0.5, color="0.4", lw=0.8)
+        ax.set_title(f"batch {b}", fontsize=10, loc="left")
+        ax.grid(axis="y", visible=False)
+    lo = np.nanmin([df.ms_per_step.min()] + ([df.floor_ms_per_step.min()] if "floor_ms_per_step" in df else []))
+    axes[0, 0].set_xlim(lo / 2, df.ms_per_step.max() * 4)
+    axes[0, 0].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[-1, 0].set_xlabel("ms per decode step, log scale (bar: median; whiskers: interquartile range)",
+                           fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=DTYPE_COLORS[d], label=d) for d in dtypes]
+    if "floor_ms_per_step" in df and df.floor_ms_per_step.notna().any():
+        handles += [plt.Line2D([], [], color=DTYPE_COLORS[d], ls="--", label=f"bandwidth floor, {d}")
+                    for d in dtypes]
+    r = df.iloc[0]
+    fig.suptitle(title or f"GPT-2 {r.get('params_m', 0):.0f}M, prompt {r.prompt_len}, "
+                 f"{r.max_new_tokens} new tokens: decode time per step", fontsize=11)
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1 - 0.38 / height))
+    rounds = ", ".join(f"batch {b}: {int(g.repeats.iloc[0])}" for b, g in df.groupby("batch"))
+    cond = {k: r.get(k) for k in ("gpu", "torch", "transformers")}
+    cond["dtype"] = " and ".join(dtypes)
+    footer(fig, cond, f"median of alternated rounds ({rounds})")
+    fig.subplots_adjust(left=0.3, right=0.97, top=1 - 0.95 / height, bottom=0.7 / height, hspace=0.12)
+    return fig
+
+
+def sweep_tokens(df, methods=("compiled", "deferred", "interleaved", "hf_static"), new_tokens=100,
+                 dtype="float32"):
+    """Tokens per second against batch size (log-log) at one length and dtype, one line per method; the
+    dotted line is what the first method would reach if a step cost the same at every batch size."""
+    g = df[(df.max_new_tokens == new_tokens) & (df.dtype == dtype) & df.method.isin(methods)]
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    present = [m for m in ORDER if m in set(g.method)]
+    grid = sorted(g.batch.unique())
+    for m in present:
+        h = g[g.method == m].sort_values("batch")
+        part = len(h) < len(grid)  # a method the sweep ran at a few batch sizes only: no line between
+        label = LABELS.get(m, m) + (f" (batch {', '.join(map(str, h.batch))} only)" if part else "")
+        ax.loglog(h.batch, h.tokens_per_s, "o" if part else "o-", color=COLORS[m], label=label)
+    if present:
+        h = g[g.method == present[0]].sort_values("batch")
+        ax.loglog(h.batch, h.tokens_per_s.iloc[0] * h.batch / h.batch.iloc[0], ":", color="0.5",
+                  label=f"{present[0]}, if a step cost the same at every batch")
+    batches = sorted(g.batch.unique())
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set_xlabel("batch (rows generated together)", fontsize=9)
+    ax.set_ylabel("tokens / s (all rows, whole call)", fontsize=9)
+    ax.set_title(f"Tokens per second against batch: {dtype}, {new_tokens} new tokens", fontsize=10)
+    ax.legend(fontsize=8)
+    footer(fig, g if len(g) else {}, f"batch {', '.join(map(str, batches))}")
+    fig.subplots_adjust(left=0.13, right=0.97, top=0.92, bottom=0.17)
+    return fig
+
+
+def cache_length_lines(df, cond=None, title=None):
+    """Chapter 4: decode ms per step against the static cache's length L (`max_cache_len`), one line per
+    batch (median, whiskers q1-q3), each with its bandwidth floor (weights + K/V of all L slots) dashed.
+    `df`: rows with batch, max_cache_len, ms_per_step(_q1/_q3), floor_ms_per_step, method, new_tokens."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+    fig, ax = plt.subplots(figsize=(7.6, 5.2))
+    for (batch, g), color in zip(df.groupby("batch"), plt.get_cmap("tab10").colors):
+        g = g.sort_values("max_cache_len")
+        err = [g.ms_per_step - g.ms_per_step_q1, g.ms_per_step_q3 - g.ms_per_step]
+        ax.errorbar(g.max_cache_len, g.ms_per_step, yerr=err, fmt="o-", color=color, capsize=3,
+                    label=f"{g.method.iloc[0]} ({g.decode_attention.iloc[0]}), batch {batch}")
+        if "floor_ms_per_step" in g and g.floor_ms_per_step.notna().any():
+            ax.plot(g.max_cache_len, g.floor_ms_per_step, "--", color=color, alpha=0.7,
+                    label=f"bandwidth floor, batch {batch}")
+    lengths = sorted(df.max_cache_len.unique())
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(lengths, [str(v) for v in lengths])
+    ax.tick_params(axis="x", which="minor", bottom=False)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    r = df.iloc[0]
+    batches = " and ".join(str(b) for b in sorted(df.batch.unique()))
+    ax.set(xlabel="cache length L (slots every step attends over)", ylabel="decode ms per step",
+           title=title or f"Step time against cache length ({r.get('dtype', '')}, batch {batches})")
+    ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    footer(fig, cond if cond is not None else df, f"{r.new_tokens} new tokens, whiskers q1-q3")
+    fig.subplots_adjust(bottom=0.3)  # room for the legend under the axes, then the footer
+    return fig
+
+
+# --- chapters 6 and 7: decode time per step ------------------------------------------------------------
+
+def step_bars(df, title, cond=None, ax=None, log="auto", note=True):
+    """Decode ms per step of each row of `df` (a method each): bar = median, whiskers = q1-q3 of the
+    per-round values, the bandwidth floor dashed. A log axis when the bars span more than 5x ("auto").
+    `note=False` leaves the footer to the caller (one footer for a figure of several panels)."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
+    d = df.reset_index(drop=True)
+    ms = d.ms_per_step.to_numpy(float)
+    err = [(ms - d.ms_per_step_q1).clip(lower=0), (d.ms_per_step_q3 - ms).clip(lower=0)]
+    x = np.arange(len(d))
+    ax.bar(x, ms, yerr=err, color=[COLORS.get(m, "0.5") for m in d.method], capsize=3)
+    top = np.fmax(ms, d.ms_per_step_q3.to_numpy(float))  # the label sits above the whisker
+    for i, (v, y) in enumerate(zip(ms, top)):
+        ax.text(i, y * 1.01, f"{v:.3f}" if v < 1 else f"{v:.2f}", ha="center", va="bottom",
+                fontsize=8)
+    ax.set_xticks(x, list(d.method), rotation=20, fontsize=8)
+    if "floor_ms_per_step" in d and d.floor_ms_per_step.notna().any():
+        ax.axhline(d.floor_ms_per_step.min(), color="k", ls="--", lw=1, label="bandwidth floor")
+        ax.legend(fontsize=8, loc="upper right")
+    if log is True or (log == "auto" and np.nanmax(ms) > 5 * np.nanmin(ms)):
+        ax.set_yscale("log")
+    ax.set_ylabel("decode ms per step", fontsize=9)
+    ax.set_title(title, fontsize=10)
+    if note:
+        footer(fig, cond if cond is not None else d, "whiskers q1-q3")
+    return fig
+
+
+# --- chapter 1: growth against length ------------------------------------------------------------------
+
+def loglog_growth(df, x, series, title, xlabel, ylabel, cond=None, extra="", slopes=(1, 2),
+                  anchor=None, ax=None):
+    """Measured series against `x` on log-log axes, where a power law is a straight line. `series`
+    maps a legend label to a column of `df`, or to (column, fmt) or (column, fmt, color); a column
+    with `<column>_q1` and `<column>_q3` beside it gets q1-q3 error bars, an all-NaN column is left
+    out. Grey reference lines of the given `slopes` pass through the last point of the `anchor`
+    series (default: the first one drawn)."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.5, 4.2))
+    d = df.sort_values(x)
+    xs = d[x].to_numpy(float)
+    drawn = []
+    for label, spec in series.items():
+        spec = [spec] if isinstance(spec, str) else list(spec)
+        col, fmt, color = spec + ["o-", None][len(spec) - 1:]  # defaults for what is left out
+        y = d[col].to_numpy(float)
+        if np.isnan(y).all():
+            continue
+        err = None
+        if f"{col}_q1" in d and f"{col}_q3" in d:
+            err = [(y - d[f"{col}_q1"].to_numpy(float)).clip(0),
+                   (d[f"{col}_q3"].to_numpy(float) - y).clip(0)]
+        ax.errorbar(xs, y, yerr=err, fmt=fmt, color=color, capsize=3, ms=4, label=label)
+        drawn.append(label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    if drawn:
+        ref = anchor if anchor in drawn else drawn[0]
+        spec = series[ref]
+        y = d[spec if isinstance(spec, str) else spec[0]].to_numpy(float)
+        for k, ls in zip(slopes, ["--", ":", "-."]):
+            ax.plot(xs, y[-1] * (xs / xs[-1]) ** k, ls, color="0.55", lw=1, label=f"slope {k}")
+    ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    # plain numbers (0.1, 1, 10), and on minor ticks 2 and 5 times those, not powers of ten
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v:g}" if round(v / 10 ** np.floor(np.log10(v))) in (2, 5) else ""))
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
+    footer(fig, cond if cond is not None else df, extra)
+    return fig

@@ -1,0 +1,94 @@
+"""The book is held to its lessons. These tests read the committed notebooks, which carry the outputs of
+the canonical H200 run, and fail when a chapter's saved outputs contradict what it teaches, or when the
+rendered page would show a reader something broken. The numbers come from `fastgen_lib.book.record`."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def cells(path):
+    return json.loads(path.read_text())["cells"]
+
+
+def records(stem):
+    """The numbers a chapter recorded for its lesson: {name: value}."""
+    out = {}
+    for c in cells(ROOT / "notebooks" / f"{stem}.ipynb"):
+        for o in c.get("outputs", []):
+            meta = o.get("metadata", {}).get("scrapbook")
+            if meta:
+                prefix = meta.get("mime_prefix", "")
+                out[meta["name"]] = float(o["data"][prefix + "text/plain"])
+    return out
+
+
+# chapter, what it teaches, the check on its recorded numbers
+LESSONS = [
+    ("01_naive", "the naive loop's GPU work grows like N^2",
+     lambda r: 1.6 <= r["ch1_gpu_exponent"] <= 2.4),
+    ("02_kv_cache", "the KV cache makes a step faster where the re-run tokens matter",
+     lambda r: r["ch2_kv_speedup"] > 1.1),
+    ("02_kv_cache", "at batch 1 the eager step is host-bound: the GPU is busy under half of it",
+     lambda r: r["ch2_kernel_fraction_b1"] < 0.5),
+    ("02_kv_cache", "memory numbers start clean (no leftover inactive split from earlier cells)",
+     lambda r: r["ch2_before_inactive_split_mb"] < 100),
+    ("03_expandable_segments", "the measured run starts from a clean allocator",
+     lambda r: r["ch3_leftover_inactive_split_mb"] < 100),
+    ("03_expandable_segments", "expandable segments leave no more inactive split than the default",
+     lambda r: r["ch3_inactive_split_expandable_mb"] <= r["ch3_inactive_split_default_mb"]),
+    ("04_static_cache", "unused cache positions cost time: at batch 32, 1024 slots are slower than 128",
+     lambda r: r["ch4_step_ms_b32_L1024"] > 1.2 * r["ch4_step_ms_b32_L128"]),
+    ("05_compiled", "one_query attention makes the float32 compiled step faster at batch 1",
+     lambda r: r["ch5_one_query_gain_b1"] > 0),
+    ("08_results", "the article's ~5x over the naive loop at batch 32 holds",
+     lambda r: r["ch8_interleaved_vs_naive_b32"] >= 5),
+]
+
+
+@pytest.mark.parametrize("stem, lesson, check", LESSONS, ids=[f"{s}: {l}" for s, l, _ in LESSONS])
+def test_saved_outputs_show_the_lesson(stem, lesson, check):
+    r = records(stem)
+    assert r, f"{stem} recorded no numbers: were its outputs committed?"
+    assert check(r), f"{stem}: the saved outputs contradict '{lesson}': {r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_no_warning_or_traceback_in_outputs(path):
+    for i, c in enumerate(cells(path)):
+        for o in c.get("outputs", []):
+            assert o["output_type"] != "error", f"cell {i}: {o.get('ename')}"
+            assert not (o["output_type"] == "stream" and o["name"] == "stderr"), \
+                f"cell {i} writes to stderr: {''.join(o['text'])[:300]}"
+            text = json.dumps(o.get("text", "")) + json.dumps(o.get("data", {}).get("text/plain", ""))
+            assert not re.search(r"\w*Warning:|Traceback", text), f"cell {i}: {text[:300]}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_code_fits_the_page(path):
+    long = [(i, line) for i, c in enumerate(cells(path)) if c["cell_type"] == "code"
+            for line in "".join(c["source"]).splitlines() if len(line) > 88]
+    assert not long, f"{len(long)} code lines over 88 characters, first: {long[0]}"
+
+
+def test_the_install_cell_opens_every_chapter():
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    for path in NOTEBOOKS:
+        first = next(c for c in cells(path) if c["cell_type"] == "code")
+        src = "".join(first["source"])
+        assert "google.colab" in src and f"git+{url}" in src, f"{path.name}: {src[:200]}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_solutions_fold_and_widgets_do_not_leave_empty_boxes(path):
+    for i, c in enumerate(cells(path)):
+        tags = c.get("metadata", {}).get("tags", [])
+        if c["cell_type"] == "code" and "solution" in tags:
+            assert "hide-cell" in tags, f"cell {i}: a solution shows its output under the question"
+        if c["cell_type"] == "code" and "widgets.rerun(" in "".join(c["source"]):
+            assert "remove-output" in tags, f"cell {i}: a widget renders as an empty box on the web"
