@@ -14,9 +14,6 @@
 #   sweep_fp32   bench --sweep, float32; ARG: batches, comma-separated  -> $OUT/h200_float32[_ARG]/
 #   sweep_bf16   the same in bfloat16                                   -> $OUT/h200_bfloat16[_ARG]/
 #   merge_sweep  join every sweep.csv under $OUT into results/h200/ (CSV, claims, figures) -> $OUT/h200_merged/
-#   ab_attention  naive, compiled, interleaved and hf_static at batch 1 and 32, the compiled step's attention
-#                FASTGEN_DECODE_ATTENTION=one_query vs sdpa, each in a fresh process; ARG: round 1 (one_query
-#                first) or 2 (sdpa first), default both                 -> $OUT/ab_attention/
 #   ab_same_process  tools/ab_attention.py: one_query vs sdpa inside one process, float32 (batch 32, 1; 100
 #                tokens) and bfloat16 (batch 8, 1; 400 tokens)     -> $OUT/ab_attention/same_process_*.jsonl
 #   profile      the interleaved decode's kernels and gaps at batch 1 and 32 -> $OUT/profile_log.txt
@@ -65,15 +62,6 @@ run_job() {  # run_job JOB[:ARG]
       done
       python3 -m fastgen_lib bench --merge "${csvs[@]}" --out results/h200 2>&1 | tail -40
       mkdir -p "$OUT/h200_merged" && cp results/h200/sweep* "$OUT/h200_merged/" ;;
-    ab_attention)
-      mkdir -p "$OUT/ab_attention"
-      local i mode; for i in ${arg:-1 2}; do  # round 1: one_query first; round 2: sdpa first
-        for mode in $([ "$i" = 1 ] && echo one_query sdpa || echo sdpa one_query); do
-          b=$(left); [ "$b" -lt 60 ] && break 2
-          FASTGEN_DECODE_ATTENTION=$mode timeout -s INT -k 10 "$b" python3 -m fastgen_lib bench --batch 1 32 \
-            --new-tokens 100 --methods naive compiled interleaved hf_static --repeats 5 \
-            --out "$OUT/ab_attention/${mode}_$i" 2>&1 | grep --line-buffered -v "it/s\]"
-      done; done ;;
     ab_same_process)
       mkdir -p "$OUT/ab_attention"
       timeout -k 10 "$b" python3 tools/ab_attention.py 32 1 | tee "$OUT/ab_attention/same_process_float32.jsonl"
