@@ -67,7 +67,9 @@ def gumbel_noise(seed, step, batch, vocab, device):
     row = torch.arange(batch, device=device)[:, None]
     tok = torch.arange(vocab, device=device)[None, :]
     x = _mix(_mix(_mix(seed) ^ step) ^ (row * vocab + tok))
-    u = ((x >> 8).float() + 0.5) * (1.0 / 2**24)  # uniform in (0, 1), exact in float32
+    # uniform in (0, 1): 23 bits + 0.5 over 2**23 is exact in float32 and never rounds up to 1
+    # (24 bits did: 2**24 - 0.5 rounds to 2**24, u = 1, the noise +inf, and top-k masking NaN)
+    u = ((x >> 9).float() + 0.5) * (1.0 / 2**23)
     return -torch.log(-torch.log(u))
 
 

@@ -25,7 +25,7 @@ def footer(fig, cond, extra=""):
     if cond.get("repeats") == cond.get("repeats") and cond.get("repeats") is not None:
         parts.append(f"prompt {cond.get('prompt_len')}, median of {cond['repeats']} runs after a warm-up")
     fig.text(0.01, 0.005, " | ".join(p for p in parts if p) + (f" | {extra}" if extra else ""),
-             fontsize=7, color="0.35", ha="left", va="bottom")
+             fontsize=8, color="0.35", ha="left", va="bottom")
     fig.subplots_adjust(bottom=0.2)
     return fig
 
@@ -95,7 +95,7 @@ def gpu_timeline(traces, cond=None, window_us=None, title="GPU timeline (like an
             g = iv[iv.stream == s]
             colors = ["tab:orange" if c != "kernel" else "tab:green" for c in g.cat]
             ax.broken_barh(list(zip(g.start_us - t0, g.end_us - g.start_us)), (row, 0.8), facecolors=colors)
-        ax.set_yticks([r + 0.4 for r in range(len(streams))], [f"stream {s}" for s in streams], fontsize=7)
+        ax.set_yticks([r + 0.4 for r in range(len(streams))], [f"stream {s}" for s in streams], fontsize=8)
         ax.set_title(label, fontsize=9, loc="left")
         if window_us:
             ax.set_xlim(0, window_us)
