@@ -5,6 +5,8 @@
   - every same-origin <img> decodes (naturalWidth > 0): no broken figures;
   - every same-origin link (fragment stripped) answers HTTP 200;
   - no uncaught JavaScript error;
+  - what a reader sees first: every solution folded (code cells tagged `solution`, `{dropdown}`s), and
+    no empty output area (a widget that renders nothing on a static page);
   - saved ipywidgets state, where a page has one, is well-formed JSON, each widget view points at a model
     in it (and every IPY_MODEL_ reference resolves), and the page asks for the widget manager script.
 
@@ -48,6 +50,19 @@ _BROKEN_IMAGES_JS = """async (origin) => {
   for (const i of imgs) i.loading = 'eager';
   await Promise.all(imgs.map(i => i.decode().catch(() => null)));
   return imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute('src'));
+}"""
+
+# Runs in the page: what a reader sees before clicking anything. A solution (a code cell tagged
+# `solution`, or a markdown `{dropdown}`) must be folded: none of its input or output visible. An output
+# area must show something: text, a figure or a table (an unrendered widget leaves an empty box).
+_READER_VIEW_JS = """() => {
+  const seen = el => el.checkVisibility ? el.checkVisibility() : el.offsetParent !== null;
+  const open = [...document.querySelectorAll('.tag_solution .cell_input, .tag_solution .cell_output')]
+    .filter(seen).length;
+  const dropdowns = [...document.querySelectorAll('details.sd-dropdown')].filter(d => d.open).length;
+  const empty = [...document.querySelectorAll('.cell_output')].filter(o => seen(o)
+    && !o.innerText.trim() && !o.querySelector('img, svg, table, canvas')).length;
+  return {open_solutions: open, open_dropdowns: dropdowns, empty_outputs: empty};
 }"""
 
 _WIDGET_SCRIPTS_JS = """([stateType, viewType]) => ({
@@ -220,6 +235,12 @@ def check_site(base_url, pages, screenshot_dir=None, log=print):
                 if status != 200:
                     problems.append(f"{name}: HTTP {status}")
                     continue
+                view = page.evaluate(_READER_VIEW_JS)
+                if view["open_solutions"] or view["open_dropdowns"]:
+                    problems.append(f"{name}: a solution shows before the reader opens it ({view})")
+                if view["empty_outputs"]:
+                    problems.append(f"{name}: {view['empty_outputs']} empty output area(s) "
+                                    "(a widget with no static fallback?)")
                 for src in page.evaluate(_BROKEN_IMAGES_JS, origin):
                     problems.append(f"{name}: broken image {src}")
                 for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):

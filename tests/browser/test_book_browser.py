@@ -161,7 +161,9 @@ def test_tiny_book(chromium, tmp_path):
     logged = []
     with serve(html) as url:
         problems = check_site(url, pages, screenshot_dir=shots, log=logged.append)
-    assert problems == []
+    # offline the widget renders nothing: exactly what the book's pages must never show a reader
+    assert problems == ["chapters/widgets.html: 1 empty output area(s) (a widget with no static "
+                        "fallback?)"]
     assert sorted(p.name for p in shots.glob("*.png")) == ["chapters__figure.png", "chapters__widgets.png",
                                                           "intro.png"]
     assert any("chapters/widgets.html: 1 widget view(s), saved state checked" in m for m in logged)
@@ -179,6 +181,9 @@ def test_checker_reports_broken_site(chromium, tmp_path):
         <script type="{WIDGET_STATE}">{{"version_major": 2, "version_minor": 0, "state": {{}}}}</script>
         <script type="{WIDGET_VIEW}">{{"version_major": 2, "version_minor": 0, "model_id": "abc"}}</script>
         <script>throw new Error("boom")</script>
+        <div class="cell tag_solution"><div class="cell_input">answer = 42</div></div>
+        <details class="sd-dropdown" open><summary>Solution</summary>42</details>
+        <div class="cell_output"></div>
         """))
     with serve(tmp_path) as url:
         problems = check_site(url, ["index.html", "other.html", "gone.html"], log=lambda m: None)
@@ -188,5 +193,8 @@ def test_checker_reports_broken_site(chromium, tmp_path):
         "index.html: widget view abc has no saved state (was the notebook saved with widget state?)",
         "index.html: has widgets but never requests the html-manager script",
         "index.html: uncaught JavaScript error: boom",
+        "index.html: a solution shows before the reader opens it ({'open_solutions': 1, "
+        "'open_dropdowns': 1, 'empty_outputs': 1})",
+        "index.html: 1 empty output area(s) (a widget with no static fallback?)",
         "gone.html: HTTP 404",
     ]), "\n".join(problems)
