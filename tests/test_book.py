@@ -99,3 +99,25 @@ def test_solutions_fold_and_widgets_do_not_leave_empty_boxes(path):
             assert "hide-cell" in tags, f"cell {i}: a solution shows its output under the question"
         if c["cell_type"] == "code" and "widgets.rerun(" in "".join(c["source"]):
             assert "remove-output" in tags, f"cell {i}: a widget renders as an empty box on the web"
+
+
+SHOWN = re.compile(r"inspect\.getsource\(((?:decoders|measure|bench|models|check)\.[\w.]+)\)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_code_shown_in_a_chapter_is_the_librarys(path):
+    """A chapter that prints a library function's source shows exactly the code the library runs:
+    change the function and the chapter must be executed again."""
+    import importlib
+    import inspect
+    for i, c in enumerate(cells(path)):
+        if c["cell_type"] != "code":
+            continue
+        shown = "".join("".join(o.get("text", "")) for o in c.get("outputs", [])
+                        if o["output_type"] == "stream")
+        for expr in SHOWN.findall("".join(c["source"])):
+            module, *attrs = expr.split(".")
+            obj = importlib.import_module(f"fastgen_lib.{module}")
+            for a in attrs:
+                obj = getattr(obj, a)
+            assert inspect.getsource(obj).strip() in shown, f"cell {i}: {expr} changed since the run"
