@@ -50,26 +50,14 @@ def scaling(df, x="new_tokens", y="median_s", by="method", cond=None, ax=None):
 
 
 def ladder_bars(df, cond=None, ax=None, title=None):
-    """Decode ms per step for each method (median, whiskers q1-q3), the bandwidth floor as a line."""
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
-    d = df.set_index("method").reindex([m for m in ORDER if m in set(df.method)])
-    ms = d.ms_per_step
-    if "ms_per_step_q1" in d:
-        lo, hi, whiskers = ms - d.ms_per_step_q1, d.ms_per_step_q3 - ms, "q1-q3 of the decode time per step"
-    else:  # a CSV of the first protocol (bench_version 1): whole calls, min-max
-        lo, hi = ms - d.min_s / d.new_tokens * 1e3, d.max_s / d.new_tokens * 1e3 - ms
-        whiskers = "min-max of whole calls over their tokens"
-    ax.bar(d.index, ms, yerr=[lo.clip(lower=0), hi.clip(lower=0)], color=[COLORS[m] for m in d.index], capsize=3)
-    for i, v in enumerate(ms):
-        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
-    if "floor_ms_per_step" in d:
-        ax.axhline(d.floor_ms_per_step.min(), color="k", ls="--", lw=1, label="bandwidth floor")
-        ax.legend(fontsize=8)
-    ax.set(ylabel="ms per step (one token per row)",
-           title=title or f"batch {d.batch.iloc[0]}, {d.max_new_tokens.iloc[0]} new tokens")
-    ax.tick_params(axis="x", rotation=30)
-    footer(fig, cond if cond is not None else df, f"whiskers: {whiskers}")
-    return fig
+    """`step_bars` for a ladder: the methods in the book's order, titled by the workload. A CSV of the
+    first protocol (bench_version 1) has no quartiles: its whiskers are min-max of whole calls."""
+    d = df.set_index("method").reindex([m for m in ORDER if m in set(df.method)]).reset_index()
+    if "ms_per_step_q1" not in d:
+        d = d.assign(ms_per_step_q1=d.min_s / d.new_tokens * 1e3,
+                     ms_per_step_q3=d.max_s / d.new_tokens * 1e3)
+    title = title or f"batch {d.batch.iloc[0]}, {d.max_new_tokens.iloc[0]} new tokens"
+    return step_bars(d, title, cond=cond, ax=ax)
 
 
 def memory_timeline(timelines, cond=None, title="Allocated vs reserved over the decode"):
