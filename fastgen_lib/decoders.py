@@ -217,6 +217,14 @@ def attention_choice(dtype=torch.float32, choice="auto"):
     return ("one_query" if dtype == torch.float32 else "sdpa") if choice == "auto" else choice
 
 
+def attention_of(model, decoder, decode_attention="auto"):
+    """The attention that `decoder`'s decode steps run: the compiled step's choice
+    (`attention_choice`), or the model's own for the eager decoders. Every result row records it."""
+    if decoder in ("compiled", "deferred", "interleaved"):
+        return attention_choice(model.dtype, decode_attention)
+    return model.config._attn_implementation
+
+
 @contextlib.contextmanager
 def decode_attention(model, choice):
     """Switch the model's attention to `choice` (one of ATTENTION) while the compiled step is traced
