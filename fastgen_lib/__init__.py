@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 
 _HOME = {"DECODERS": "decoders", "generate": "decoders", "load_model": "models",
          "load_tokenizer": "models", "make_batch": "models", "set_eos_bias": "models"}
-_SUBMODULES = {"bench", "book", "check", "decoders", "measure", "models", "names",
-               "plots", "widgets"}
+_SUBMODULES = {"bench", "book", "check", "decoders", "measure", "memory", "models",
+               "names", "plots", "traces", "widgets"}
 
 
 def __getattr__(name):

@@ -262,7 +262,7 @@ def cmd_memory(args):
     need_cuda("memory", "it measures PyTorch's CUDA caching allocator")
     import torch
 
-    from . import measure
+    from . import measure, memory
     from .decoders import generate
     from .models import load_model, make_batch
     model = load_model(args.size, dtype=getattr(torch, args.dtype[0]))
@@ -272,7 +272,7 @@ def cmd_memory(args):
         return generate(model, ids, mask, decoder=args.decoder,
                         max_new_tokens=args.new_tokens[0])
     call()  # warm-up: compile and capture outside the measured run
-    stats, _ = measure.memory_run(call, history=False)
+    stats, _ = memory.memory_run(call, history=False)
     times, _ = measure.time_call(call, repeats=args.repeats, warmup=0)
     stats.update(decoder=args.decoder, batch=args.batch[0],
                  new_tokens=args.new_tokens[0], median_s=sorted(times)[len(times) // 2],
@@ -287,7 +287,7 @@ def cmd_profile(args):
                          "run has no GPU intervals")
     import torch
 
-    from . import measure
+    from . import traces
     from .decoders import generate
     from .models import load_model, make_batch
     model = load_model(args.size, dtype=getattr(torch, args.dtype[0]))
@@ -297,12 +297,12 @@ def cmd_profile(args):
         return generate(model, ids, mask, decoder=args.decoder,
                         max_new_tokens=args.new_tokens[0])
     call()
-    iv = measure.profile_decode(call, path=args.trace)
-    gaps = measure.gpu_gaps(iv, steps=args.new_tokens[0])
+    iv = traces.profile_decode(call, path=args.trace)
+    gaps = traces.gpu_gaps(iv, steps=args.new_tokens[0])
     gaps.pop("gaps_us")
-    print(json.dumps({"decoder": args.decoder, **gaps, **measure.between_steps(iv)}))
+    print(json.dumps({"decoder": args.decoder, **gaps, **traces.between_steps(iv)}))
     if args.kernels:
-        print(measure.top_kernels(iv).to_string())
+        print(traces.top_kernels(iv).to_string())
     return 0
 
 

@@ -41,21 +41,22 @@ def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=METHODS, r
         row["tokens_match"] = div is None
         row["divergence"] = "" if div is None else str(div)
     df = pd.DataFrame(rows)
-    return add_ratios_and_floor(df, model.config, bandwidth)
+    return add_ratios_and_floor(df, model, bandwidth)
 
 
-def add_ratios_and_floor(df, config, bandwidth=None):
-    """Speedups within each workload (same batch, length, dtype) and the bandwidth floor per step."""
+def add_ratios_and_floor(df, model, bandwidth=None):
+    """Speedups within each workload (same batch, length, dtype) and the bandwidth floor per step, from
+    `model`'s bytes (`measure.bytes_per_step`): rows of another dtype than the model's get NaN."""
     keys = ["batch", "prompt_len", "max_new_tokens", "dtype"]
     for base in ("naive", "hf_static", "hf_dynamic"):
         t = df[df.method == base].set_index(keys)["median_s"]
         df[f"x_vs_{base}"] = [t.get(tuple(r[k] for k in keys), float("nan")) / r.median_s for _, r in df.iterrows()]
     if bandwidth:
-        nbytes = {"float32": 4, "bfloat16": 2, "float16": 2}
+        dtype = str(model.dtype).replace("torch.", "")
         df["floor_ms_per_step"] = [
-            measure.floor_ms(config, r.batch, r.prompt_len + (r.max_new_tokens if r.method in STATIC
-                                                              else r.max_new_tokens / 2),
-                             nbytes[r["dtype"]], bandwidth) for _, r in df.iterrows()]
+            measure.floor_ms(model, r.batch, r.prompt_len + (r.max_new_tokens if r.method in STATIC
+                                                             else r.max_new_tokens / 2), bandwidth)
+            if r["dtype"] == dtype else float("nan") for _, r in df.iterrows()]
         df["x_floor"] = df.ms_per_step / df.floor_ms_per_step
     return df
 

@@ -61,7 +61,7 @@ def ladder_bars(df, cond=None, ax=None, title=None):
 
 
 def memory_timeline(timelines, cond=None, title="Allocated vs reserved over the decode"):
-    """`timelines`: {label: DataFrame(event, allocated, reserved)} from `measure.allocator_timeline`."""
+    """`timelines`: {label: DataFrame(event, allocated, reserved)} from `memory.allocator_timeline`."""
     fig, axes = plt.subplots(1, len(timelines), figsize=(5.5 * len(timelines), 3.8), squeeze=False)
     for ax, (label, t) in zip(axes[0], timelines.items()):
         ax.plot(t.event, t.reserved / 2**20, label="reserved", color="tab:red")
@@ -76,7 +76,7 @@ def memory_timeline(timelines, cond=None, title="Allocated vs reserved over the 
 
 
 def gpu_timeline(traces, cond=None, window_us=None, title="GPU timeline (like an Nsight Systems row)"):
-    """`traces`: {label: intervals DataFrame from `measure.profile_decode`}. One row per label and stream;
+    """`traces`: {label: intervals DataFrame from `traces.profile_decode`}. One row per label and stream;
     a bar per kernel or copy; white space is the GPU idling. `window_us` zooms to the first microseconds."""
     fig, axes = plt.subplots(len(traces), 1, figsize=(11, 1.3 + 1.0 * len(traces)), squeeze=False)
     for ax, (label, iv) in zip(axes[:, 0], traces.items()):

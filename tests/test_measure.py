@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fastgen_lib as fg
-from fastgen_lib import bench, measure
+from fastgen_lib import bench, measure, memory, traces
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,7 @@ def test_measure_row_carries_conditions(model):
     assert row["batch"] == 2 and row["new_tokens"] == 5 and row["dtype"] == "float32"
     assert row["tokens_per_s"] == pytest.approx(2 * 5 / row["median_s"])
     assert row["decode_attention"] == "sdpa"  # an eager decoder runs the model's own attention
+    assert "decode_attention" not in measure.conditions(model)  # a row's, from its decoder: not the model's
 
 
 def test_compiled_rows_name_the_compiled_steps_attention(model):
@@ -55,13 +56,42 @@ def test_fit_exponent_recovers_slopes():
     assert measure.fit_exponent(n, [1e-3 * x for x in n]) == pytest.approx(1.0)
 
 
-def test_bytes_per_step_counts_gpt2_weights_and_cache():
-    cfg = fg.load_model("124m", weights="random").config
-    params = 124_439_808  # GPT-2 small, tied embedding counted once
-    assert measure.bytes_per_step(cfg, batch=1, context=0, dtype_bytes=4) == params * 4
-    kv = 2 * 12 * 8 * 100 * 768 * 2  # keys+values, 12 layers, batch 8, 100 positions, bf16
-    assert measure.bytes_per_step(cfg, 8, 100, 2) == params * 2 + kv
-    assert measure.floor_ms(cfg, 1, 0, 4, bandwidth=4e12) == pytest.approx(params * 4 / 4e12 * 1e3)
+def _gpt2_bytes(cfg, batch, context, nbytes):
+    """The floor's former formula, GPT-2's alone: layers (12h^2 + 13h) + vocab h + positions h + 2h
+    parameters (the tied embedding once), and keys and values of 2 x layers x batch x context x h."""
+    h, layers = cfg.n_embd, cfg.n_layer
+    params = layers * (12 * h * h + 13 * h) + cfg.vocab_size * h + cfg.n_positions * h + 2 * h
+    return (params + 2 * layers * batch * context * h) * nbytes
+
+
+def test_bytes_per_step_counts_gpt2_weights_and_cache(model):
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied: one tensor, read once
+    for batch, context in ((1, 0), (2, 7), (8, 100)):
+        assert measure.bytes_per_step(model, batch, context) == _gpt2_bytes(model.config, batch, context, 4)
+    bf16 = fg.load_model("tiny", device="cpu", dtype=torch.bfloat16)
+    assert measure.bytes_per_step(bf16, 8, 100) == _gpt2_bytes(bf16.config, 8, 100, 2)
+    assert measure.floor_ms(model, 1, 0, bandwidth=4e12) == pytest.approx(
+        _gpt2_bytes(model.config, 1, 0, 4) / 4e12 * 1e3)
+    big = fg.load_model("124m", weights="random", device="cpu")
+    assert measure.bytes_per_step(big, 1, 0) == 124_439_808 * 4  # GPT-2 small, tied embedding once
+    assert measure.bytes_per_step(big, 8, 100) == _gpt2_bytes(big.config, 8, 100, 4)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_bytes_per_step_reads_kv_heads_of_a_grouped_query_model(tied):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    V, h, inter, layers, heads, kv_heads = 100, 64, 96, 2, 4, 2
+    cfg = LlamaConfig(vocab_size=V, hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=tied)
+    m = LlamaForCausalLM(cfg)
+    hd = h // heads
+    # q and o: h x h; k and v: h x (kv heads x head size); MLP: 3 h x inter; two norms a layer, one final
+    per_layer = 2 * h * h + 2 * h * kv_heads * hd + 3 * h * inter + 2 * h
+    params = V * h * (1 if tied else 2) + layers * per_layer + h
+    assert measure.bytes_per_step(m, 1, 0) == params * 4
+    kv = 2 * layers * 8 * 100 * kv_heads * hd  # the cache holds kv heads, not attention heads
+    assert measure.bytes_per_step(m, 8, 100) == (params + kv) * 4
+    assert measure.bytes_per_step(m.to(torch.bfloat16), 8, 100) == (params + kv) * 2
 
 
 def _trace(events):
@@ -71,11 +101,11 @@ def _trace(events):
 
 def test_gpu_gaps_on_a_synthetic_trace():
     # three kernels, one overlapping on another stream; two gaps of 10 and 30 us
-    iv = measure.trace_intervals(_trace([("kernel", "a", 0, 10, 7, 1), ("kernel", "b", 5, 10, 8, 2),
+    iv = traces.trace_intervals(_trace([("kernel", "a", 0, 10, 7, 1), ("kernel", "b", 5, 10, 8, 2),
                                           ("kernel", "c", 25, 5, 7, 3), ("gpu_memcpy", "d", 60, 40, 7, 4),
                                           ("cpu_op", "x", 0, 500, 0, 5)]))
     assert list(iv.name) == ["a", "b", "c", "d"]
-    g = measure.gpu_gaps(iv, steps=2)
+    g = traces.gpu_gaps(iv, steps=2)
     assert g["span_us"] == 100 and g["busy_us"] == 60 and g["idle_us"] == 40
     assert sorted(g["gaps_us"]) == [10, 30] and g["idle_per_step_us"] == 20 and g["busy_fraction"] == 0.6
 
@@ -84,11 +114,11 @@ def test_between_steps_groups_kernels_by_graph_launch():
     # two "steps" of 8 kernels (correlation 1 and 2) separated by a 50 us stall
     ev = [("kernel", f"k{i}", i * 2, 1, 7, 1) for i in range(8)] + \
          [("kernel", f"k{i}", 65 + i * 2, 1, 7, 2) for i in range(8)]
-    iv = measure.trace_intervals(_trace(ev))
-    s = measure.between_steps(iv)
+    iv = traces.trace_intervals(_trace(ev))
+    s = traces.between_steps(iv)
     assert s["steps"] == 2 and s["kernels_per_step"] == 8
     assert s["gap_between_steps_us_total"] == 65 - 15
-    assert measure.gpu_gaps(iv)["idle_us"] > s["gap_between_steps_us_total"]  # bubbles inside steps count too
+    assert traces.gpu_gaps(iv)["idle_us"] > s["gap_between_steps_us_total"]  # bubbles inside steps count too
 
 
 def test_trace_intervals_keeps_only_what_generate_launched():
@@ -98,12 +128,12 @@ def test_trace_intervals_keeps_only_what_generate_launched():
                                   args={"correlation": 1}),
                              dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=25, dur=1,
                                   args={"correlation": 2})]
-    assert list(measure.trace_intervals(trace, annotation="fastgen.").name) == ["inside"]
+    assert list(traces.trace_intervals(trace, annotation="fastgen.").name) == ["inside"]
 
 
 def test_profile_decode_runs_on_cpu(model):
     ids, mask = fg.make_batch(1, 4)
-    iv = measure.profile_decode(lambda: fg.generate(model, ids, mask, decoder="kv_cache", max_new_tokens=3))
+    iv = traces.profile_decode(lambda: fg.generate(model, ids, mask, decoder="kv_cache", max_new_tokens=3))
     assert list(iv.columns) == ["name", "stream", "start_us", "end_us", "cat", "correlation"]
 
 
@@ -111,7 +141,7 @@ def test_allocator_timeline_replays_events():
     snap = {"segments": [{"total_size": 200}],
             "device_traces": [[{"action": "segment_alloc", "size": 200}, {"action": "alloc", "size": 64},
                                {"action": "alloc", "size": 32}, {"action": "free_completed", "size": 64}]]}
-    t = measure.allocator_timeline(snap)
+    t = memory.allocator_timeline(snap)
     assert list(t.allocated) == [0, 64, 96, 32] and list(t.reserved) == [200, 200, 200, 200]
 
 
@@ -119,7 +149,7 @@ def test_memory_run_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("CPU-only check")
     with pytest.raises(RuntimeError, match="needs CUDA"):
-        measure.memory_run(lambda: None)
+        memory.memory_run(lambda: None)
 
 
 def test_ladder_dataframe_and_claims(model):
@@ -128,6 +158,8 @@ def test_ladder_dataframe_and_claims(model):
     assert isinstance(df, pd.DataFrame) and len(df) == 5 and df.tokens_match.all()
     assert df.set_index("method").x_vs_naive["naive"] == pytest.approx(1.0)
     assert (df.floor_ms_per_step > 0).all() and "x_floor" in df
+    att = df.set_index("method").decode_attention
+    assert att["interleaved"] == "one_query" and att["hf_static"] == att["kv_cache"] == "sdpa"
     c = bench.claims(df)
     assert c.measured.isna().all()  # no batch-32 / 100-token cell here: nothing claimed
 

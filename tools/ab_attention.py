@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from fastgen_lib import measure
+from fastgen_lib import measure, traces
 from fastgen_lib.decoders import GenConfig, generate, runner_for
 from fastgen_lib.models import EOS, load_model, make_batch
 
@@ -40,7 +40,7 @@ def main(batches, dtype, n):
                 for i in range(n - 1):
                     r.step(i % 2)
             both, _ = measure.time_call(steps, repeats=7, warmup=1)
-            b = measure.between_steps(measure.profile_decode(call))
+            b = traces.between_steps(traces.profile_decode(call))
             print(json.dumps({"dtype": dtype, "new_tokens": n, "batch": batch, "mode": mode,
                               "call_ms": ms(calls), "prefill_ms": ms(pre), "steps_ms": ms(both) - ms(pre),
                               "step_us_median": b.get("step_us_median"),

@@ -14,8 +14,8 @@ for d in compiled deferred interleaved static_cache kv_cache; do
   log profile $d; timeout 90 python3 -m fastgen_lib profile --decoder $d --batch 1 --new-tokens 50
 done
 log memory; timeout 120 python3 - <<'PY'
-from fastgen_lib import measure
+from fastgen_lib import memory
 for conf in ["", "expandable_segments:True"]:
-    print(measure.fresh_process(conf, ["--decoder", "kv_cache", "--batch", "8", "--new-tokens", "200", "--size", "124m"]))
+    print(memory.fresh_process(conf, ["--decoder", "kv_cache", "--batch", "8", "--new-tokens", "200", "--size", "124m"]))
 PY
 } 2>&1 | tee "$OUT/log.txt"

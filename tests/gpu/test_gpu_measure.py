@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fastgen_lib as fg
-from fastgen_lib import measure
+from fastgen_lib import measure, memory, traces
 from fastgen_lib.models import EOS
 
 pytestmark = pytest.mark.gpu  # tests/conftest.py skips them without CUDA
@@ -48,8 +48,8 @@ def test_a_timing_row_carries_its_conditions(model):
 def test_memory_run_sees_the_dynamic_cache_grow(model):
     kv, st = call(model, "kv_cache", n=100), call(model, "static_cache", n=100)
     kv(), st()  # warm-up
-    a, ta = measure.memory_run(kv)
-    b, tb = measure.memory_run(st)
+    a, ta = memory.memory_run(kv)
+    b, tb = memory.memory_run(st)
     # DynamicCache asks for a slightly larger block every step: new segments during the run; the static
     # cache is allocated once, at its prefill (chapter 4 on the H200: 13 against 1)
     assert a["segment_allocs"] > b["segment_allocs"], (a, b)
@@ -61,8 +61,8 @@ def test_memory_run_sees_the_dynamic_cache_grow(model):
 
 def test_fresh_process_applies_the_allocator_setting():
     args = ["--decoder", "kv_cache", "--batch", "8", "--new-tokens", "50", "--size", "124m", "--repeats", "1"]
-    default = measure.fresh_process("", args)
-    expandable = measure.fresh_process("expandable_segments:True", args)
+    default = memory.fresh_process("", args)
+    expandable = memory.fresh_process("expandable_segments:True", args)
     assert default["setting_took_effect"] and not default["expandable_segments"], default
     assert expandable["setting_took_effect"] and expandable["expandable_segments"], expandable
     assert expandable["peak_inactive_split_mb"] == 0, expandable  # no split blocks in expandable segments
@@ -72,14 +72,14 @@ def test_profile_finds_every_step_and_no_gap_with_interleaved(model):
     n = 24
     f = call(model, "interleaved", batch=1, n=n)
     f()  # compile and capture outside the profile
-    iv = measure.profile_decode(f)
-    b = measure.between_steps(iv)
+    iv = traces.profile_decode(f)
+    b = traces.between_steps(iv)
     assert b["steps"] == n - 1, b  # one graph replay per step after the prefill's token
     assert b["kernels_per_step"] >= 50, b  # 12 layers of several kernels each
     assert b["in_steps_fraction"] > 0.9, b
-    g = measure.gpu_gaps(iv, steps=n - 1)
+    g = traces.gpu_gaps(iv, steps=n - 1)
     assert 0 < g["busy_fraction"] <= 1 and g["busy_us"] <= g["span_us"]
-    top = measure.top_kernels(iv)
+    top = traces.top_kernels(iv)
     assert len(top) > 0 and top["sum"].sum() <= (iv.end_us - iv.start_us).sum() + 1e-6
 
 
@@ -88,6 +88,6 @@ def test_profile_shows_the_synchronous_gap(model):
     n = 24
     fc, fi = call(model, "compiled", batch=1, n=n), call(model, "interleaved", batch=1, n=n)
     fc(), fi()
-    gc = measure.between_steps(measure.profile_decode(fc))["gap_between_steps_us_median"]
-    gi = measure.between_steps(measure.profile_decode(fi))["gap_between_steps_us_median"]
+    gc = traces.between_steps(traces.profile_decode(fc))["gap_between_steps_us_median"]
+    gi = traces.between_steps(traces.profile_decode(fi))["gap_between_steps_us_median"]
     assert gc > gi, (gc, gi)
