@@ -20,7 +20,11 @@ def method_call(model, ids, mask, method, max_new_tokens):
     if method in DECODERS:
         return measure.decoder_call(model, ids, mask, method, max_new_tokens, eos_token_id=EOS,
                                     pad_token_id=EOS)
-    return lambda n=max_new_tokens: hf_generate(model, ids, mask, n, EOS, EOS, **HF_METHODS[method])
+
+    def call(n=max_new_tokens):
+        return hf_generate(model, ids, mask, n, EOS, EOS, **HF_METHODS[method])
+    call.decode_attention = model.config._attn_implementation  # model.generate runs the model's own
+    return call
 
 
 def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=METHODS, repeats=10,
