@@ -4,13 +4,14 @@ chapter. The names below load on first use (PEP 562): `import fastgen_lib` and
 import importlib
 
 __all__ = ["DECODERS", "generate", "load_model", "load_tokenizer", "make_batch",
-           "set_eos_bias"]
+           "reset", "set_eos_bias"]
 __version__ = "0.1.0"
 
-_HOME = {"DECODERS": "decoders", "generate": "decoders", "load_model": "models",
-         "load_tokenizer": "models", "make_batch": "models", "set_eos_bias": "models"}
-_SUBMODULES = {"bench", "book", "check", "decoders", "measure", "memory", "models",
-               "names", "plots", "traces", "widgets"}
+_HOME = {"DECODERS": "decoders", "generate": "decoders", "reset": "decoders",
+         "load_model": "models", "load_tokenizer": "models", "make_batch": "models",
+         "set_eos_bias": "models"}
+_SUBMODULES = {"bench", "book", "decoders", "measure", "memory", "models", "names", "plots",
+               "reference", "steps", "stops", "traces", "widgets"}
 
 
 def __getattr__(name):

@@ -6,7 +6,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from . import measure
-from .check import first_divergence, hf_generate
+from .reference import first_divergence, hf_generate
 from .decoders import DECODERS, generate
 from .models import EOS, make_batch
 

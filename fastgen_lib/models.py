@@ -106,9 +106,10 @@ def set_eos_bias(model, bias, eos_token_id=EOS):
     emit EOS; a bias makes rows finish at different steps, so early stopping happens in demos: about 0.7
     for the tiny model and 2.0 for GPT-2 124M with random weights (under greedy decoding some rows then
     stop early and others never). `bias=0` removes it. Compiled runners captured the old lm_head, so
-    they are dropped and rebuilt on the next call."""
+    they are freed here (`decoders.reset`) and rebuilt on the next call."""
+    from .decoders import reset
     head = model.lm_head
-    model.__dict__.pop("_fastgen_runners", None)  # their CUDA graphs read the old bias (or none)
+    reset(model)  # their CUDA graphs read the old bias (or none)
     if bias == 0:
         head.bias = None
         return model

@@ -101,7 +101,8 @@ def test_solutions_fold_and_widgets_do_not_leave_empty_boxes(path):
             assert "remove-output" in tags, f"cell {i}: a widget renders as an empty box on the web"
 
 
-SHOWN = re.compile(r"inspect\.getsource\(((?:decoders|measure|bench|models|check)\.[\w.]+)\)")
+SHOWN = re.compile(r"inspect\.getsource\(((?:decoders|steps|stops|measure|memory|traces|bench|models|reference)"
+                   r"\.[\w.]+)\)")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

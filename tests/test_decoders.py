@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import fastgen_lib as fg
-from fastgen_lib.check import HF_REFERENCE, first_divergence, hf_generate
+from fastgen_lib.reference import HF_REFERENCE, first_divergence, hf_generate
 from fastgen_lib.models import EOS
 
 # name: (batch, prompt_len, new tokens, mixed-length prompts, EOS bias)
@@ -126,35 +126,84 @@ def test_seed_none_follows_torch_manual_seed(model):
 
 def test_gumbel_sampling_draws_from_softmax():
     # argmax(logits + Gumbel) ~ softmax(logits): frequencies over 20,000 rows within 3 sigma
-    from fastgen_lib.decoders import GenConfig, choose
+    from fastgen_lib.steps import Chooser, GenConfig, choose
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20000, 1)
-    gen = GenConfig(1, None, 0, do_sample=True)
-    tok = choose(logits, torch.zeros(20000, dtype=torch.bool), torch.tensor(3), torch.tensor(11), gen)
+    c = Chooser(GenConfig(1, None, 0, do_sample=True, seed=11), "cpu")
+    tok = choose(logits, torch.zeros(20000, dtype=torch.bool), torch.tensor(3), c)
     freq = torch.bincount(tok, minlength=4).float() / 20000
     p = torch.softmax(logits[0], -1)
     assert torch.all((freq - p).abs() < 3 * (p * (1 - p) / 20000).sqrt() + 1e-3)
 
 
 def test_top_k_only_picks_the_k_largest():
-    from fastgen_lib.decoders import GenConfig, choose
+    from fastgen_lib.steps import Chooser, GenConfig, choose
     logits = torch.randn(500, 100)
-    gen = GenConfig(1, None, 0, do_sample=True, temperature=5.0, top_k=3)
-    tok = choose(logits, torch.zeros(500, dtype=torch.bool), torch.tensor(0), torch.tensor(1), gen)
+    c = Chooser(GenConfig(1, None, 0, do_sample=True, temperature=5.0, top_k=3, seed=1), "cpu")
+    tok = choose(logits, torch.zeros(500, dtype=torch.bool), torch.tensor(0), c)
     top3 = logits.topk(3).indices
     assert (top3 == tok[:, None]).any(-1).all()
 
 
-def test_runner_buffers_are_reused(model):
+def graph_steps(model, batch, length):
+    """The GraphSteps kept on `model` for this batch size and cache length."""
+    return [s for k, s in model.__dict__.get("_fastgen_steps", {}).items() if k[2:4] == (batch, length)]
+
+
+def test_graph_step_buffers_are_reused(model):
     fg.set_eos_bias(model, 0.0)
     ids, mask = fg.make_batch(2, 6, seed=1)
     fg.generate(model, ids, mask, decoder="interleaved", max_new_tokens=9)
-    (runner,) = [r for k, r in model._fastgen_runners.items() if k[:2] == (2, 15)]
-    ptrs = (runner.out.data_ptr(), runner.flags.data_ptr(), runner.cache.layers[0].keys.data_ptr())
+    (step,) = graph_steps(model, 2, 15)
+    ptrs = (step.out.data_ptr(), step.chooser.seed.data_ptr(), step.cache.layers[0].keys.data_ptr())
     ids2, mask2 = fg.make_batch(2, 6, seed=2)
-    fg.generate(model, ids2, mask2, decoder="interleaved", max_new_tokens=9)
-    again = model._fastgen_runners[next(k for k in model._fastgen_runners if k[:2] == (2, 15))]
-    assert again is runner
-    assert ptrs == (runner.out.data_ptr(), runner.flags.data_ptr(), runner.cache.layers[0].keys.data_ptr())
+    fg.generate(model, ids2, mask2, decoder="compiled", max_new_tokens=9, seed=5)  # another driver
+    assert graph_steps(model, 2, 15) == [step]
+    assert ptrs == (step.out.data_ptr(), step.chooser.seed.data_ptr(), step.cache.layers[0].keys.data_ptr())
+
+
+def test_reset_frees_the_graph_steps_and_new_weights_replace_them(model):
+    ids, mask = fg.make_batch(2, 6, seed=1)
+    fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=9)
+    assert fg.decoders.reset(model) >= 1 and graph_steps(model, 2, 15) == []
+    fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=9)
+    (old,) = graph_steps(model, 2, 15)
+    with torch.no_grad():  # a weight updated in place: same address, the graphs read the new values
+        model.transformer.ln_f.weight.mul_(1.0)
+    fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=9)
+    assert graph_steps(model, 2, 15) == [old]
+    ln_f = model.transformer.ln_f  # a weight replaced by another tensor: the old graphs would read
+    ln_f.weight = torch.nn.Parameter(ln_f.weight.clone(), requires_grad=False)  # freed memory
+    out = fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=9)
+    (new,) = graph_steps(model, 2, 15)
+    assert new is not old and len(model._fastgen_steps) == 1  # the stale one is freed, not kept
+    assert torch.equal(out, fg.generate(model, ids, mask, decoder="kv_cache", max_new_tokens=9))
+
+
+def test_a_new_temperature_or_top_k_recompiles_nothing(model):
+    # the per-call settings live in tensors (steps.Chooser): one compile, one GraphStep, any values
+    from torch._dynamo.utils import counters
+    ids, mask = fg.make_batch(2, 6, seed=3)
+    kw = dict(decoder="compiled", max_new_tokens=9, do_sample=True)
+    fg.generate(model, ids, mask, temperature=0.5, top_k=3, seed=1, **kw)
+    frames, kept = counters["stats"]["unique_graphs"], len(model._fastgen_steps)
+    for t, k, seed in [(2.0, 7, 2), (0.9, 40, 3), (1.0, 1, 4)]:
+        out = fg.generate(model, ids, mask, temperature=t, top_k=k, seed=seed, **kw)
+        ref = fg.generate(model, ids, mask, temperature=t, top_k=k, seed=seed,
+                          **{**kw, "decoder": "kv_cache"})
+        assert torch.equal(out, ref)
+    assert counters["stats"]["unique_graphs"] == frames and len(model._fastgen_steps) == kept
+
+
+def test_every_step_backend_with_every_stop_driver_gives_generate_tokens(model, references):
+    from fastgen_lib import steps, stops
+    ids, mask, N = workload(model, "batch4_mixed")
+    gen = fg.decoders.GenConfig(N, EOS, EOS)
+    for backend in (steps.NaiveStep, steps.DynamicStep, steps.StaticStep, steps.GraphStep):
+        for driver in (stops.every_step, stops.deferred, stops.interleaved):
+            with torch.inference_mode():
+                out = fg.decoders.decode(model, ids, mask, gen, backend, driver)
+            ref = references["batch4_mixed", "static" if backend is steps.StaticStep else "dynamic"]
+            assert first_divergence(model, ids, mask, ref, out) is None, (backend, driver)
 
 
 def test_returns_generate_shape_for_a_real_prompt(model):
@@ -167,7 +216,7 @@ def test_returns_generate_shape_for_a_real_prompt(model):
 
 def test_one_query_attention_matches_sdpa():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from fastgen_lib.decoders import one_query_attention
+    from fastgen_lib.steps import one_query_attention
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 8, generator=g) for n in (1, 10, 10))
     mask = torch.ones(2, 1, 1, 10, dtype=torch.bool)
@@ -185,17 +234,17 @@ def test_one_query_attention_matches_sdpa():
 def test_decode_attention_choices_give_generate_tokens(model, references, choice):
     ids, mask, N = workload(model, "batch4_mixed")
     want = "one_query" if choice == "auto" else choice  # the tiny model is float32
-    with fg.decoders.decode_attention(model, want):
-        assert model.config._attn_implementation == fg.decoders.ATTENTION[want]
+    with fg.steps.decode_attention(model, want):
+        assert model.config._attn_implementation == fg.steps.ATTENTION[want]
     assert model.config._attn_implementation == "sdpa"  # switched back: model.generate never sees ours
     out = fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=N, decode_attention=choice)
     assert first_divergence(model, ids, mask, references["batch4_mixed", "dynamic"], out) is None
-    keys = [k for k in model._fastgen_runners if k[:2] == (ids.shape[0], ids.shape[1] + N)]
-    assert want in {k[-1] for k in keys}  # a runner per attention: each keeps its own graphs
+    kept = graph_steps(model, ids.shape[0], ids.shape[1] + N)
+    assert want in {s.attention for s in kept}  # a GraphStep per attention: each has its own graphs
 
 
 def test_auto_attention_is_one_query_only_in_float32():
-    choice = fg.decoders.attention_choice
+    choice = fg.steps.attention_choice
     assert (choice(torch.float32), choice(torch.bfloat16), choice(torch.float16)) == ("one_query", "sdpa", "sdpa")
 
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from transformers import StaticCache
 
 import fastgen_lib as fg
-from fastgen_lib.check import HF_REFERENCE, first_divergence, hf_generate
+from fastgen_lib.reference import HF_REFERENCE, first_divergence, hf_generate
 from fastgen_lib.models import EOS
 
 DECODERS = list(fg.DECODERS)
@@ -217,12 +217,12 @@ def test_sampling_with_a_seed_is_the_same_on_every_decoder(model, case, temperat
 def test_sampling_only_picks_among_the_top_k(batch, k, temperature, seed, step):
     # `choose` at the real vocabulary size: argmax(logits / T + Gumbel) over the k largest logits must be one
     # of them, for every (seed, step, row). The Gumbel noise must be finite: u in (0, 1), never 0 or 1.
-    from fastgen_lib.decoders import GenConfig, choose, gumbel_noise
+    from fastgen_lib.steps import Chooser, GenConfig, choose, gumbel_noise
     noise = gumbel_noise(torch.tensor(seed), torch.tensor(step), batch, VOCAB, "cpu")
     bad = (~torch.isfinite(noise)).nonzero().tolist()
     logits = torch.randn(batch, VOCAB, generator=torch.Generator().manual_seed(seed % 1000))
-    gen = GenConfig(1, None, 0, do_sample=True, temperature=temperature, top_k=k)
-    tok = choose(logits, torch.zeros(batch, dtype=torch.bool), torch.tensor(step), torch.tensor(seed), gen)
+    c = Chooser(GenConfig(1, None, 0, do_sample=True, temperature=temperature, top_k=k, seed=seed), "cpu")
+    tok = choose(logits, torch.zeros(batch, dtype=torch.bool), torch.tensor(step), c)
     topk = logits.topk(k).indices
     outside = [(b, int(tok[b])) for b in range(batch) if int(tok[b]) not in topk[b].tolist()]
     assert not bad and not outside, (f"non-finite Gumbel noise at (row, token) {bad}; sampled (row, token) "
@@ -234,7 +234,7 @@ def test_sampling_only_picks_among_the_top_k(batch, k, temperature, seed, step):
 def test_a_short_call_then_a_normal_call(model, data):
     # 1-3 new tokens first, on a model with no runners yet (as in a fresh process), then a normal call with
     # the same batch size: every decoder returns model.generate's tokens both times
-    model.__dict__.pop("_fastgen_runners", None)
+    fg.decoders.reset(model)
     short = data.draw(cases(new=st.integers(1, 3)), label="short call")
     normal = data.draw(cases(batch=st.just(short.ids.shape[0]), new=st.integers(4, 64)), label="normal call")
     check_all_decoders(model, short)
@@ -375,8 +375,8 @@ def bad_ids(kind):
 
 
 def state(model):
-    runners = model.__dict__.get("_fastgen_runners", {})
-    return (torch.get_rng_state(), [(k, id(r)) for k, r in runners.items()], model.training,
+    kept = model.__dict__.get("_fastgen_steps", {})
+    return (torch.get_rng_state(), [(k, id(r)) for k, r in kept.items()], model.training,
             model.config._attn_implementation, model.lm_head.bias.clone())
 
 

@@ -14,7 +14,8 @@ import sys
 import torch
 
 from fastgen_lib import measure, traces
-from fastgen_lib.decoders import GenConfig, generate, runner_for
+from fastgen_lib.decoders import generate
+from fastgen_lib.steps import GenConfig, GraphStep
 from fastgen_lib.models import EOS, load_model, make_batch
 
 
@@ -22,23 +23,24 @@ def ms(times):
     return 1e3 * statistics.median(times)
 
 
-@torch.inference_mode()  # as generate() runs: the runner's buffers are inference tensors
+@torch.inference_mode()  # as generate() runs: the GraphStep's buffers are inference tensors
 def main(batches, dtype, n):
     model = load_model(os.environ.get("FASTGEN_SIZE", "124m"), dtype=getattr(torch, dtype))
     for batch in batches:
         ids, mask = make_batch(batch, 16, seed=batch, device=model.device)
         for mode in ("one_query", "sdpa", "sdpa", "one_query"):
-            def call():  # a runner per choice: each keeps its own graphs
+            def call():  # a GraphStep per choice: each keeps its own graphs
                 return generate(model, ids, mask, decoder="interleaved", max_new_tokens=n, eos_token_id=EOS,
                                 pad_token_id=EOS, decode_attention=mode)
             calls, _ = measure.time_call(call, repeats=7, warmup=2)
-            r = runner_for(model, ids, GenConfig(n, EOS, EOS, decode_attention=mode))
-            pre, _ = measure.time_call(lambda: r.prefill(ids, mask), repeats=7, warmup=1)
+            gen = GenConfig(n, EOS, EOS, decode_attention=mode)
+            step = GraphStep.start(model, ids, mask, gen, slots=(0, 1))  # the one `call` uses
+            pre, _ = measure.time_call(lambda: step.prefill(ids, mask, gen), repeats=7, warmup=1)
 
             def steps():  # a prefill (the cache must start over), then n-1 graph replays
-                r.prefill(ids, mask)
+                step.prefill(ids, mask, gen)
                 for i in range(n - 1):
-                    r.step(i % 2)
+                    step(i % 2)
             both, _ = measure.time_call(steps, repeats=7, warmup=1)
             b = traces.between_steps(traces.profile_decode(call))
             print(json.dumps({"dtype": dtype, "new_tokens": n, "batch": batch, "mode": mode,

@@ -87,7 +87,7 @@ def main():
     lines += section(out, "50 repeated calls", "repeat.json", lambda r: [
         f"- recompiles after warm-up: {r['recompiles_after_warmup']}; memory drift after call 1: reserved "
         f"{r['reserved_drift_after_call1']} B, allocated {r['allocated_drift_after_call1']} B; buffers reused: "
-        f"{r['buffers_reused']}; same runner and graphs: {r['same_runner_and_graphs']}"])
+        f"{r['buffers_reused']}; same GraphStep and graphs: {r.get('same_step_and_graphs', r.get('same_runner_and_graphs'))}"])
     lines += section(out, "Host syncs", "sync.json", lambda y: [
         f"- decode loop sync-free under sync debug mode 'error': {y.get('decode_loop_sync_free')}; "
         f"`compiled`'s .item() caught: {y.get('compiled_caught')}; Event.synchronize flagged by the mode: "

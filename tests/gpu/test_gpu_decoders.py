@@ -3,10 +3,10 @@
     1. token equality with `model.generate`, batch 1/3/8/32, mixed prompt lengths, rows stopping apart
     2. stress: `interleaved` vs `compiled` (the same graphs, one stream, a sync per step) over >= 1000 cases
     3. no hidden host sync in the decode loop (`torch.cuda.set_sync_debug_mode("error")`)
-    4. 50 repeated calls: memory reserved flat, no recompiles, the runner's buffers reused
+    4. 50 repeated calls: memory reserved flat, no recompiles, the GraphStep's buffers reused
     5. bfloat16: every decoder runs; leading-token agreement with `model.generate` per row
     6. bad input on CUDA: the CPU suite's errors, and the decoder works right after
-    7. a runner's CUDA graphs vs a replaced `lm_head.bias` (`fg.set_eos_bias`)
+    7. a GraphStep's CUDA graphs vs a replaced `lm_head.bias` (`fg.set_eos_bias`)
 
 Numbers land as JSON in $FASTGEN_REPORT_DIR (default results/gpu); tests/gpu/run.sh turns them into report.md.
 Compiles are the slow part (~10-30 s each): the cases reuse two cache lengths (16+40 and 16+24 tokens).
@@ -27,8 +27,9 @@ from torch._dynamo.utils import counters
 
 import fastgen_lib as fg
 from fastgen_lib import decoders
-from fastgen_lib.check import HF_REFERENCE, first_divergence, hf_generate
-from fastgen_lib.decoders import GenConfig, Runner
+from fastgen_lib.reference import HF_REFERENCE, first_divergence, hf_generate
+from fastgen_lib import steps, stops
+from fastgen_lib.steps import GenConfig, GraphStep
 from fastgen_lib.models import EOS
 
 pytestmark = pytest.mark.gpu  # every test here; tests/conftest.py skips them without CUDA
@@ -47,15 +48,6 @@ def save(name, **data):
     path.write_text(json.dumps(old | data, indent=1))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def roomy_recompile_limit():
-    # decode_step is ONE torch.compile'd function per process, and every (batch 1 / 2 / >2, greedy / sampling /
-    # top-k, bias or not, dtype) variant is a new entry. With fullgraph=True, dynamo's recompile limit (8) is a
-    # hard FailOnRecompileLimitHit, not a fallback: a library bug (reported), worked around here.
-    with torch._dynamo.config.patch(recompile_limit=64):
-        yield
-
-
 @pytest.fixture(scope="module")
 def model():
     m = fg.load_model("124m", device="cuda", weights="random")
@@ -64,9 +56,9 @@ def model():
 
 
 def eos_bias(model, value):
-    """Set the EOS logit bias IN PLACE. fg.set_eos_bias swaps in a new tensor, which a runner's captured CUDA
-    graphs never see (they replay the old address: test_runner_sees_a_new_eos_bias); writing into the same
-    tensor keeps every graph valid, and a zero bias (rather than none) keeps the compiled variants few."""
+    """Set the EOS logit bias IN PLACE. fg.set_eos_bias swaps in a new tensor, for which every GraphStep is
+    captured again (test_graph_step_sees_a_new_eos_bias); writing into the same tensor keeps every graph valid,
+    and a zero bias (rather than none) keeps the compiled variants few."""
     with torch.no_grad():
         model.lm_head.bias[EOS] = value
 
@@ -157,15 +149,15 @@ def test_cases_really_stop_at_different_steps(model, outputs):
 
 def test_stress_interleaved_matches_compiled(model, monkeypatch):
     """Random batch 1-8 (mixed prompt lengths, cache length fixed at 40), EOS bias in [0, 3], greedy or sampled (random
-    seed; temperature 0.7 without top-k, or 1.3 with top-k 50: each setting is a compile and a runner). The
+    seed; temperature 0.7 without top-k, or 1.3 with top-k 50: values live in tensors, top-k or not is a GraphStep). The
     reference is `compiled`: the very same graphs, replayed on one stream with a host sync per step, so any
     difference is the ping-pong's fault (ordering, flags, early exit), never rounding. To shake the ordering, a
     random 20% of interleaved steps start with a GPU spin (the GPU falls behind the host) and 5% of flag reads with
-    a host sleep (the host falls behind). 8 runners are kept, so new runners are built and dropped throughout."""
+    a host sleep (the host falls behind). 8 GraphSteps are kept, so new ones are built and dropped throughout."""
     cases = int(os.environ.get("FASTGEN_STRESS_CASES", 1000))
     rng, jit = random.Random(1234), random.Random(99)
     jitter = [False]
-    step, read_flag = Runner.step, Runner.read_flag
+    step, read_flag = GraphStep.__call__, stops.Flags.read
 
     def slow_step(self, slot=0):
         if jitter[0] and jit.random() < 0.2:
@@ -177,8 +169,8 @@ def test_stress_interleaved_matches_compiled(model, monkeypatch):
             time.sleep(2e-4)
         return read_flag(self, slot)
 
-    monkeypatch.setattr(Runner, "step", slow_step)
-    monkeypatch.setattr(Runner, "read_flag", slow_read)
+    monkeypatch.setattr(GraphStep, "__call__", slow_step)
+    monkeypatch.setattr(stops.Flags, "read", slow_read)
     graphs0, mem0 = counters["stats"]["unique_graphs"], torch.cuda.memory_reserved()
     mismatches, staggered, early, sampled = [], 0, 0, 0
     t0 = time.perf_counter()
@@ -186,7 +178,7 @@ def test_stress_interleaved_matches_compiled(model, monkeypatch):
         B, bias = rng.randint(1, 8), round(rng.uniform(0.0, 3.0), 3)
         kw = dict(max_new_tokens=N_S)
         if rng.random() < 0.5:
-            temperature, top_k = rng.choice(((0.7, None), (1.3, 50)))  # each pair is one more compile
+            temperature, top_k = rng.choice(((0.7, None), (1.3, 50)))  # top-k or not: two compiles
             kw |= dict(do_sample=True, seed=rng.randrange(2**31 - 1), temperature=temperature, top_k=top_k)
             sampled += 1
         ids, mask = fg.make_batch(B, T_S, mixed=True, seed=case, device="cuda")
@@ -237,35 +229,42 @@ def event_sync_is_flagged():
 
 
 def allow_sync_in(monkeypatch, *names):
-    """Run these Runner methods with sync debug mode off; everything else stays under it."""
+    """Run these methods ("Class.method") with sync debug mode off; everything else stays under it."""
     for name in names:
-        orig = getattr(Runner, name)
+        cls, meth = {"GraphStep": GraphStep, "Flags": stops.Flags}[name.split(".")[0]], name.split(".")[1]
+        orig = getattr(cls, meth)
 
         def wrapped(self, *a, _orig=orig, **k):
             with sync_debug(0):
                 return _orig(self, *a, **k)
-        monkeypatch.setattr(Runner, name, wrapped)
+        monkeypatch.setattr(cls, meth, wrapped)
+
+
+def run_pair(model, ids, mask, gen, driver):
+    """The GraphStep with `driver`, without generate()'s input checks (which sync on purpose)."""
+    with torch.inference_mode():
+        return decoders.decode(model, ids, mask, gen, GraphStep, driver)
 
 
 def test_decode_loop_never_syncs_the_host(model, monkeypatch):
     """`interleaved` after a warm-up, under sync debug mode "error", calling the decoder directly (generate()'s
-    input checks sync on purpose, see the next test). Exempt: Runner.prefill, the eager HF forward, whose mask
+    input checks sync on purpose, see the next test). Exempt: GraphStep.prefill, the eager HF forward, whose mask
     code (transformers' _ignore_causal_mask_sdpa: `fast_all(...)` used as a bool) syncs once or twice per
-    call, not per step; and Runner.read_flag only if this torch flags Event.synchronize (the deliberate wait).
+    call, not per step; and Flags.read only if this torch flags Event.synchronize (the deliberate wait).
     The same harness must catch `compiled`'s per-step `.item()`, or the test could not fail."""
     eos_bias(model, 0.0)
     ids, mask = fg.make_batch(4, T_S, mixed=True, seed=11, device="cuda")
     gen = GenConfig(N_S, EOS, EOS)
-    with torch.inference_mode():
-        decoders.interleaved(model, ids, mask, gen)  # warm-up: compile (if new) and capture
-        flagged = event_sync_is_flagged()
-        exempt = ["prefill"] + ["read_flag"] * flagged
-        allow_sync_in(monkeypatch, *exempt)
-        with sync_debug("error"):
-            out = decoders.interleaved(model, ids, mask, gen)
-        with pytest.raises(RuntimeError, match="synchroniz"), sync_debug("error"):
-            decoders.compiled(model, ids, mask, gen)
-        ref = decoders.compiled(model, ids, mask, gen)
+    run_pair(model, ids, mask, gen, stops.interleaved)  # warm-up: compile (if new) and capture
+    run_pair(model, ids, mask, gen, stops.every_step)
+    flagged = event_sync_is_flagged()
+    exempt = ["GraphStep.prefill"] + ["Flags.read"] * flagged
+    allow_sync_in(monkeypatch, *exempt)
+    with sync_debug("error"):
+        out = run_pair(model, ids, mask, gen, stops.interleaved)
+    with pytest.raises(RuntimeError, match="synchroniz"), sync_debug("error"):
+        run_pair(model, ids, mask, gen, stops.every_step)
+    ref = run_pair(model, ids, mask, gen, stops.every_step)
     assert torch.equal(out, ref)
     save("sync.json", event_synchronize_flagged=flagged, exempted=exempt, decode_loop_sync_free=True,
          compiled_caught=True)
@@ -273,11 +272,11 @@ def test_decode_loop_never_syncs_the_host(model, monkeypatch):
 
 def test_host_syncs_per_call_do_not_grow_with_tokens(model, monkeypatch):
     """The whole fg.generate(decoder="interleaved") under sync debug mode "warn": count the host syncs for 8
-    and for 24 new tokens (same cache length, same runner, full-length prompts so the mask code takes the
+    and for 24 new tokens (same cache length, same GraphStep, full-length prompts so the mask code takes the
     same branch). Equal counts = no per-step sync; the sites (file:line -> count) go to sync.json."""
     eos_bias(model, 0.0)
     if event_sync_is_flagged():
-        allow_sync_in(monkeypatch, "read_flag")
+        allow_sync_in(monkeypatch, "Flags.read")
     sites = {}
     for T, N in ((32, 8), (16, 24)):
         ids, mask = fg.make_batch(4, T, mixed=False, seed=T, device="cuda")
@@ -296,28 +295,29 @@ def test_host_syncs_per_call_do_not_grow_with_tokens(model, monkeypatch):
 
 def test_repeated_calls_are_flat(model):
     """50 calls, same shapes: after call 1 (compile, capture), memory reserved and allocated do not move (the
-    graphs replay into the runner's buffers; the prefill's temporaries reuse the same cached blocks), nothing
-    recompiles, and the runner, its graphs and its pinned flags are the same objects at the same addresses."""
+    graphs replay into the GraphStep's buffers; the prefill's temporaries reuse the same cached blocks), nothing
+    recompiles, and the GraphStep and its graphs are the same objects at the same addresses."""
     eos_bias(model, 0.0)
     ids, mask = fg.make_batch(8, T_S, mixed=True, seed=5, device="cuda")
     gen = GenConfig(N_S, EOS, EOS)
     reserved, allocated, ptrs, graphs = [], [], set(), []
     for i in range(50):
         out = decode(model, ids, mask, "interleaved", max_new_tokens=N_S)
+        kept = [s for k, s in model._fastgen_steps.items() if k[2:4] == (8, T_S + N_S)]
         if i == 0:
-            runner = decoders.runner_for(model, ids, gen)
-            unique0, captured = counters["stats"]["unique_graphs"], runner.graphs
+            (step,) = kept
+            unique0, captured = counters["stats"]["unique_graphs"], dict(step.graphs)
         reserved.append(torch.cuda.memory_reserved())
         allocated.append(torch.cuda.memory_allocated())
-        ptrs.add((runner.flags.data_ptr(), runner.out.data_ptr(), runner.cache.layers[0].keys.data_ptr()))
-        graphs.append(decoders.runner_for(model, ids, gen) is runner and runner.graphs is captured)
+        ptrs.add((step.chooser.seed.data_ptr(), step.out.data_ptr(), step.cache.layers[0].keys.data_ptr()))
+        graphs.append(kept == [step] and step.graphs == captured)
     torch.cuda.synchronize()
     recompiles = counters["stats"]["unique_graphs"] - unique0
     save("repeat.json", calls=50, reserved_bytes=reserved, allocated_bytes=allocated,
          reserved_drift_after_call1=max(reserved[1:]) - min(reserved[1:]),
          allocated_drift_after_call1=max(allocated[1:]) - min(allocated[1:]),
-         recompiles_after_warmup=recompiles, buffers_reused=len(ptrs) == 1, same_runner_and_graphs=all(graphs),
-         compile_s=runner.compile_s, out_shape=list(out.shape))
+         recompiles_after_warmup=recompiles, buffers_reused=len(ptrs) == 1, same_step_and_graphs=all(graphs),
+         compile_s=step.compile_s, out_shape=list(out.shape))
     assert max(reserved[1:]) == min(reserved[1:]), reserved  # exact: the allocator caches, nothing grows
     assert max(allocated[1:]) == min(allocated[1:]), allocated
     assert recompiles == 0 and len(ptrs) == 1 and all(graphs)
@@ -400,26 +400,25 @@ def test_bad_input_is_a_clear_error(model, name, decoder):
     assert out.shape == (1, 7) and out.device.type == "cuda"
 
 
-# --- 7. a runner vs a replaced lm_head.bias ----------------------------------------------------------------
+# --- 7. a GraphStep vs a replaced lm_head.bias ------------------------------------------------------------
 
-def test_runner_sees_a_new_eos_bias():
-    """fg.set_eos_bias REPLACES lm_head.bias. A runner made before keeps replaying CUDA graphs that read the
-    old tensor's address (freed, maybe reused): the eager prefill sees the new bias, every later step the old
-    one (or garbage). The runner key (batch, length, sampling, dtype, device) does not know the weights. So this
-    compares the stale runner with a fresh one on the same input: equal only if decoders.py handles it (e.g.
-    keying runners on the parameters' data_ptrs, or re-capturing when they change). Own model: the others'
-    runners must not be touched."""
+def test_graph_step_sees_a_new_eos_bias():
+    """fg.set_eos_bias REPLACES lm_head.bias. A GraphStep made before would replay CUDA graphs that read the
+    old tensor's address (freed, maybe reused): the eager prefill would see the new bias, every later step the
+    old one (or garbage). GraphSteps are keyed on the weights' addresses (`steps.weights_key`), so this compares
+    the call after set_eos_bias with one after `decoders.reset`: equal. Own model: the others' GraphSteps must not
+    be touched."""
     m = fg.load_model("124m", device="cuda", weights="random")
     fg.set_eos_bias(m, 0.5)
     ids, mask = fg.make_batch(8, T1, mixed=True, seed=8, device="cuda")
-    decode(m, ids, mask, "interleaved", max_new_tokens=N1)   # runner captured with the 0.5 bias tensor
+    decode(m, ids, mask, "interleaved", max_new_tokens=N1)   # graphs captured with the 0.5 bias tensor
     fg.set_eos_bias(m, 2.5)                                    # a new tensor: rows now stop at 0, 8, never
     stale = decode(m, ids, mask, "interleaved", max_new_tokens=N1)
-    m._fastgen_runners.clear()
+    decoders.reset(m)
     fresh = decode(m, ids, mask, "interleaved", max_new_tokens=N1)
     assert stale.shape == fresh.shape and torch.equal(stale, fresh), (
-        f"a runner captured before fg.set_eos_bias ignores the new bias: stops {stop_steps(stale, T1)} "
-        f"vs {stop_steps(fresh, T1)} with a fresh runner")
+        f"a GraphStep captured before fg.set_eos_bias ignores the new bias: stops {stop_steps(stale, T1)} "
+        f"vs {stop_steps(fresh, T1)} with a fresh one")
 
 
 # --- 8. short requests: the warm-up never steps past the buffers (issue 12) -------------------------------

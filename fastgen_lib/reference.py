@@ -15,8 +15,8 @@ HF_REFERENCE = {
 
 def hf_generate(model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id, **kwargs):
     """`model.generate` under greedy decoding, with our arguments (its static cache compiles itself on
-    CUDA: inductor's advice is silenced as in our own compile, `decoders.quiet_compile`)."""
-    from .decoders import quiet_compile
+    CUDA: inductor's advice is silenced as in our own compile, `steps.quiet_compile`)."""
+    from .steps import quiet_compile
     with torch.inference_mode(), quiet_compile():
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
                               max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,

@@ -1,0 +1,94 @@
+"""Stop drivers: when the host learns that every row has finished. A driver takes a step from a step
+backend (`steps.py`) that has run the prompt and chosen its first token, launches the other steps,
+and returns how many new tokens to keep. `DECODERS` (`decoders.py`) pairs them:
+
+    every_step   ch. 5  read "all finished" after every step: the host waits, the GPU idles
+    deferred     ch. 7  launch step i, then read step i-1's flag (copied non-blocking to pinned memory)
+    interleaved  ch. 7  deferred on two CUDA streams in ping-pong: the flag copy leaves the critical path
+
+`slots`: the flag slots (and so the graphs) a driver uses.
+"""
+import torch
+
+
+def every_step(step, max_new_tokens):
+    """Ch. 5: after every step the host reads "all finished" (`.item()`: ch. 6's hidden sync)."""
+    for i in range(1, max_new_tokens):
+        if step.done[0].item():  # host waits for the GPU here: the GPU idles until the next launch
+            return i
+        step(0)
+    return max_new_tokens
+
+
+every_step.slots = (0,)
+
+
+class Flags:
+    """Pinned host copies of a step's two "all finished" flags: each copied non-blocking, marked with
+    an event, and read once that event has passed."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.host = torch.zeros(2, dtype=torch.bool, pin_memory=self.cuda)
+        self.copied = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
+
+    def copy(self, slot, done):
+        """Queue the copy of `done` into pinned host memory on the current stream; mark it with an event."""
+        self.host[slot].copy_(done, non_blocking=True)
+        if self.cuda:
+            self.copied[slot].record()
+
+    def read(self, slot):
+        if self.cuda:
+            self.copied[slot].synchronize()  # host waits for the GPU here: until that flag has landed
+        return bool(self.host[slot])
+
+
+def deferred(step, max_new_tokens):
+    """Ch. 7, one stream: launch step i first, then read step i-1's flag, copied non-blocking into pinned
+    memory. The GPU always has the next step queued; when the flag says stop, step i is thrown away.
+    Steps alternate between the two flag slots (and graphs), so a flag is never overwritten unread."""
+    flags = Flags(step.out.device)
+    flags.copy(0, step.done[0])  # the prompt's token's flag
+    for i in range(1, max_new_tokens):
+        slot = i % 2
+        step(slot)
+        flags.copy(slot, step.done[slot])
+        if flags.read(1 - slot):  # step i-1's flag; the GPU is busy with step i meanwhile
+            return i
+    return max_new_tokens
+
+
+deferred.slots = (0, 1)
+
+
+def interleaved(step, max_new_tokens):
+    """Ch. 7, the final driver: `deferred` on two CUDA streams in ping-pong. Step i runs on stream i%2
+    with its own graph and flag slot; the next step waits (on the GPU) only for step i's compute, so the
+    flag copy of step i overlaps step i+1 instead of sitting between them. On a CPU there are no streams
+    and this is `deferred`. Needs a step that allocates nothing (`step.graph`)."""
+    if not step.out.is_cuda:
+        return deferred(step, max_new_tokens)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    computed = [torch.cuda.Event(), torch.cuda.Event()]  # step i's compute has finished
+    flags = Flags(step.out.device)
+    computed[0].record()  # the prompt's token is step 0, on the caller's stream
+    flags.copy(0, step.done[0])
+    n = max_new_tokens
+    for i in range(1, max_new_tokens):
+        slot = i % 2
+        s = streams[slot]
+        s.wait_event(computed[1 - slot])  # GPU-side wait for step i-1's token and cache; host goes on
+        with torch.cuda.stream(s):
+            step(slot)
+            computed[slot].record()
+            flags.copy(slot, step.done[slot])
+        if flags.read(1 - slot):  # step i-1's flag: host waits for the GPU here, one step behind
+            n = i
+            break
+    for s in streams:  # the caller's stream reads `out` after both streams' work; no host wait
+        torch.cuda.current_stream().wait_stream(s)
+    return n
+
+
+interleaved.slots = (0, 1)
