@@ -2,13 +2,10 @@
 import os
 
 import matplotlib
+import matplotlib.pyplot as plt  # matplotlib picks its backend: Agg where there is no display
+import numpy as np
 
-if os.environ.get("MPLBACKEND") is None and not os.environ.get("DISPLAY") and "ipykernel" not in os.sys.modules:
-    matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from .measure import fit_exponent  # noqa: E402
+from .measure import fit_exponent
 
 ORDER = ["naive", "kv_cache", "static_cache", "compiled", "deferred", "interleaved", "hf_dynamic", "hf_static"]
 COLORS = dict(zip(ORDER, plt.get_cmap("tab10").colors))

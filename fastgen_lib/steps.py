@@ -1,14 +1,7 @@
-"""Step backends: how one decode step is computed. A stop driver (`stops.py`) runs them; `DECODERS`
-(`decoders.py`) pairs them:
-
-    NaiveStep    ch. 1  re-run the whole sequence every step (no cache)            O(N^2)
-    DynamicStep  ch. 2  DynamicCache: keys/values grow by one position per step    O(N)
-    StaticStep   ch. 4  StaticCache: one buffer of the final length, eager
-    GraphStep    ch. 5  StaticCache + torch.compile, the step replayed as a CUDA graph
-
-A step backend's `start(model, input_ids, attention_mask, gen, slots)` returns a step that has run the
-prompt and chosen its first token. Then `step(slot)` launches one more step, which writes the next
-token into `step.out` and "every row has finished" into `step.done[slot]`; it never waits for the GPU.
+"""Step backends: how one decode step is computed (`decoders.py` pairs each with a stop driver).
+`start(model, input_ids, attention_mask, gen, slots)` runs the prompt and chooses its token; then
+`step(slot)` launches one more step, which writes the next token into `step.out` and "every row has
+finished" into `step.done[slot]`, and never waits for the GPU. Chapters 1-2, 4 (eager) and 5 (graph).
 """
 import contextlib
 import functools
@@ -139,7 +132,7 @@ class EagerStep:
 
     @classmethod
     def start(cls, model, input_ids, attention_mask, gen, slots=(0,)):
-        return cls(model, input_ids, attention_mask, gen)
+        return cls(model, input_ids, attention_mask, gen)  # a new one per call
 
     def __init__(self, model, input_ids, attention_mask, gen):
         B, T = input_ids.shape

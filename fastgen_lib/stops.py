@@ -1,12 +1,6 @@
-"""Stop drivers: when the host learns that every row has finished. A driver takes a step from a step
-backend (`steps.py`) that has run the prompt and chosen its first token, launches the other steps,
-and returns how many new tokens to keep. `DECODERS` (`decoders.py`) pairs them:
-
-    every_step   ch. 5  read "all finished" after every step: the host waits, the GPU idles
-    deferred     ch. 7  launch step i, then read step i-1's flag (copied non-blocking to pinned memory)
-    interleaved  ch. 7  deferred on two CUDA streams in ping-pong: the flag copy leaves the critical path
-
-`slots`: the flag slots (and so the graphs) a driver uses.
+"""Stop drivers: when the host learns that every row has finished (`decoders.py` pairs each with a
+step backend). A driver takes a step that has run the prompt, launches the other steps, and returns
+how many new tokens to keep; `driver.slots` are the flag slots (and so graphs) it uses. Ch. 5-7.
 """
 import torch
 
