@@ -71,7 +71,8 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
     `max_cache_len` (static caches: `static_cache` and the compiled decoders) is the number of cache
     slots every step attends over, default T + max_new_tokens (chapter 4 sweeps it);
     `decode_attention` the compiled decoders' attention (`attention_choice`, chapter 5).
-    `eos_token_id` defaults to the model's; `pad_token_id` to eos. Sampling (`do_sample`,
+    `eos_token_id` (an int or a list: a row finishes on any) defaults to the model's; `pad_token_id`
+    to the model's, else the first eos. Sampling (`do_sample`,
     `temperature`, `top_k`) is reproducible: the same `seed`, an int in [0, 2**32), gives the same
     tokens on every decoder; `seed=None` draws one from torch's CPU generator (`torch.manual_seed`
     fixes it). Integer arguments accept any integer-like scalar (numpy ints, 0-d tensors). Bad input
@@ -83,7 +84,8 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
     if pad_token_id is None:
         pad_token_id = model.generation_config.pad_token_id
     if pad_token_id is None:
-        pad_token_id = eos_token_id if eos_token_id is not None else 0
+        first = eos_token_id[0] if isinstance(eos_token_id, (list, tuple)) and eos_token_id else eos_token_id
+        pad_token_id = first if first is not None else 0
     gen, attention_mask = _validate(model, input_ids, attention_mask, max_new_tokens, max_cache_len,
                                     eos_token_id, pad_token_id, do_sample, temperature, top_k,
                                     seed)
@@ -93,6 +95,21 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
     # the named range lets a profiler trace tell the decode from the input checks above
     with torch.inference_mode(), torch.profiler.record_function(f"fastgen.{decoder}"):
         return decode(model, input_ids, attention_mask, gen, *DECODERS[decoder])
+
+
+def supported(model):
+    """A ValueError naming the model type and the reason, for a model the decoders cannot run: not a
+    decoder-only causal LM, or a cache layout StaticCache does not hold (it needs full attention
+    layers; transformers says so with `_can_compile_fullgraph`)."""
+    cfg, kind = model.config, getattr(model.config, "model_type", type(model).__name__)
+    if getattr(cfg, "is_encoder_decoder", False) or not hasattr(model, "get_output_embeddings"):
+        raise ValueError(f"{kind}: an encoder-decoder model; the decoders run decoder-only causal LMs")
+    if model.get_output_embeddings() is None:
+        raise ValueError(f"{kind}: no language-model head ({type(model).__name__}); load it with "
+                         "AutoModelForCausalLM")
+    if not getattr(model, "_can_compile_fullgraph", False):
+        raise ValueError(f"{kind}: transformers does not support a static cache (StaticCache) for "
+                         "this model, which the compiled decoders need")
 
 
 def _int(name, value, lo, hi=None, none=False):
@@ -117,6 +134,7 @@ def _validate(model, input_ids, attention_mask, max_new_tokens, max_cache_len, e
     """Bad input gets a ValueError/TypeError naming the problem, before any state is touched.
     Returns the GenConfig and the attention mask as int64."""
     cfg = model.config
+    supported(model)
     if model.training:
         raise ValueError("the model is in training mode (dropout on: every call would differ): "
                          "call model.eval() first")
@@ -135,13 +153,18 @@ def _validate(model, input_ids, attention_mask, max_new_tokens, max_cache_len, e
     if input_ids.device != model.device:
         raise ValueError(f"input_ids is on {input_ids.device} but the model is on {model.device}")
     N = _int("max_new_tokens", max_new_tokens, 1)
-    if T + N > cfg.n_positions:
+    limit = getattr(cfg, "max_position_embeddings", None) or 10**9  # GPT-2's n_positions too
+    if T + N > limit:
         raise ValueError(f"prompt ({T}) + max_new_tokens ({N}) = {T + N} exceeds "
-                         f"the model's {cfg.n_positions} positions")
-    L = _int("max_cache_len", max_cache_len, T + N, cfg.n_positions + 1, none=True)
+                         f"the model's {limit} positions")
+    L = _int("max_cache_len", max_cache_len, T + N, limit + 1, none=True)
     if bool((input_ids < 0).any()) or bool((input_ids >= cfg.vocab_size).any()):
         raise ValueError(f"input_ids must lie in [0, {cfg.vocab_size})")
-    eos = _int("eos_token_id", eos, 0, cfg.vocab_size, none=True)
+    if isinstance(eos, (list, tuple)):  # a row finishes on any of them (Llama 3's generation config)
+        eos = tuple(_int("eos_token_id", e, 0, cfg.vocab_size) for e in eos) or None
+    else:
+        eos = _int("eos_token_id", eos, 0, cfg.vocab_size, none=True)
+        eos = None if eos is None else (eos,)
     pad = _int("pad_token_id", pad, 0, cfg.vocab_size)
     if not isinstance(do_sample, (bool, np.bool_)):
         raise TypeError(f"do_sample must be True or False, got {do_sample!r}")

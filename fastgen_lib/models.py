@@ -119,10 +119,12 @@ def set_eos_bias(model, bias, eos_token_id=EOS):
     return model
 
 
-def make_batch(batch_size, prompt_len=16, *, mixed=True, vocab_size=50257, seed=0, device="cpu", tokenizer=None):
+def make_batch(batch_size, prompt_len=16, *, mixed=True, vocab_size=50257, seed=0, device="cpu", tokenizer=None,
+               pad_token_id=EOS):
     """A left-padded batch: `input_ids` [B, T] and `attention_mask` [B, T]. With `mixed`, row b keeps
-    between T/2 and T real tokens (the rest is padding), so the decoders must handle positions and
-    masks. With a `tokenizer`, rows are real English prompts (`PROMPTS`, cycled) instead of random ids."""
+    between T/2 and T real tokens (the rest is padding: `pad_token_id`, GPT-2's EOS by default), so the
+    decoders must handle positions and masks. With a `tokenizer`, rows are real English prompts
+    (`PROMPTS`, cycled) instead of random ids."""
     if batch_size < 1 or prompt_len < 1:
         raise ValueError(f"batch_size={batch_size} and prompt_len={prompt_len} must both be at least 1")
     g = torch.Generator().manual_seed(seed)
@@ -137,5 +139,5 @@ def make_batch(batch_size, prompt_len=16, *, mixed=True, vocab_size=50257, seed=
         lengths[0] = prompt_len  # one full row, so T is really the prompt length
         for b, n in enumerate(lengths.tolist()):
             mask[b, : prompt_len - n] = 0
-            ids[b, : prompt_len - n] = EOS
+            ids[b, : prompt_len - n] = pad_token_id
     return ids.to(device), mask.to(device)

@@ -25,7 +25,7 @@ MIN_LENGTH = 2 + len(WARMUP_SLOTS)  # a scratch prefill (column 0), its token (1
 @dataclass(frozen=True)
 class GenConfig:
     max_new_tokens: int
-    eos_token_id: int | None
+    eos_token_id: tuple | int | None  # the ids that finish a row (generate passes a tuple)
     pad_token_id: int
     do_sample: bool = False
     temperature: float = 1.0
@@ -64,6 +64,12 @@ def gumbel_noise(seed, step, batch, vocab, device):
     return -torch.log(-torch.log(u))
 
 
+def eos_ids(gen):
+    """`gen.eos_token_id` as a tuple of ids (empty: no EOS)."""
+    e = gen.eos_token_id
+    return () if e is None else tuple(e) if isinstance(e, (list, tuple)) else (e,)
+
+
 class Chooser:
     """The settings of `choose`. Whether to sample, and whether top-k and EOS apply, are fixed per
     Chooser (a compiled step is specialized on them); every value that may change between calls (seed,
@@ -72,8 +78,9 @@ class Chooser:
     def __init__(self, gen, device):
         self.do_sample, self.use_top_k = gen.do_sample, gen.top_k is not None
         self.use_eos = gen.eos_token_id is not None
-        long = functools.partial(torch.zeros, (), dtype=torch.long, device=device)
-        self.seed, self.top_k, self.eos, self.pad = long(), long(), long(), long()
+        long = functools.partial(torch.zeros, dtype=torch.long, device=device)
+        self.seed, self.top_k, self.pad = long(()), long(()), long(())
+        self.eos = long(len(eos_ids(gen)))  # [E]: a row finishes on any of them
         self.temperature = torch.ones((), device=device)
         self.set(gen)
 
@@ -82,7 +89,8 @@ class Chooser:
         self.seed.fill_(gen.seed)
         self.temperature.fill_(gen.temperature)
         self.top_k.fill_(gen.top_k or 1)
-        self.eos.fill_(gen.eos_token_id or 0)
+        if eos_ids(gen):  # (a warm-up's scratch settings have none: the tensor keeps its ids)
+            self.eos.copy_(torch.tensor(eos_ids(gen), dtype=torch.long))
         self.pad.fill_(gen.pad_token_id)
 
 
@@ -100,7 +108,8 @@ def choose(logits, finished, step, c):
     nxt = torch.argmax(logits, dim=-1)
     nxt = torch.where(finished, c.pad, nxt)
     if c.use_eos:
-        finished |= nxt == c.eos
+        # a row finishes on any of its EOS ids (one id: the same elementwise op as ever)
+        finished |= (nxt == c.eos) if len(c.eos) == 1 else (nxt[:, None] == c.eos).any(-1)
     return nxt
 
 
@@ -219,6 +228,26 @@ def one_query_attention(module, query, key, value, attention_mask, scaling=None,
     return out.to(value.dtype)[:, None], None
 
 
+def grouped_one_query_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                                **kwargs):
+    """`one_query_attention` for grouped-query and multi-query attention (Llama, Qwen2, Mistral):
+    key/value [B, Hkv, S, D] with Hkv < H, each key/value head serving G = H / Hkv query heads. The
+    query heads fold into [B, Hkv, G], so the cache is read once, never repeated per head."""
+    B, H, Tq, D = query.shape
+    Hkv = key.shape[1]
+    if Hkv == H or Tq != 1 or dropout:
+        return one_query_attention(module, query, key, value, attention_mask, scaling=scaling,
+                                   dropout=dropout, **kwargs)
+    scaling = D ** -0.5 if scaling is None else scaling
+    q = query.float().view(B, Hkv, H // Hkv, 1, D)                             # [B, Hkv, G, 1, D]
+    scores = (q * key.float()[:, :, None]).sum(-1) * scaling                   # [B, Hkv, G, S]
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask[:, :, :1], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    out = (weights[..., None] * value.float()[:, :, None]).sum(-2)             # [B, Hkv, G, D]
+    return out.reshape(B, H, D).to(value.dtype)[:, None], None
+
+
 ATTENTION = {"one_query": "fastgen_one_query", "sdpa": "sdpa", "math": "sdpa"}
 
 
@@ -244,7 +273,7 @@ def decode_attention(model, choice):
         yield
         return
     if ATTENTION["one_query"] not in ALL_ATTENTION_FUNCTIONS.valid_keys():
-        AttentionInterface.register(ATTENTION["one_query"], one_query_attention)
+        AttentionInterface.register(ATTENTION["one_query"], grouped_one_query_attention)
         AttentionMaskInterface.register(ATTENTION["one_query"], sdpa_mask)  # SDPA's boolean mask
     model.set_attn_implementation(ATTENTION[choice])
     try:
@@ -300,7 +329,7 @@ class GraphStep:
         for k in [k for k in kept if k[0] != weights]:  # graphs that read replaced weights: freed
             del kept[k]
         key = (weights, cls, B, L, gen.do_sample, gen.top_k is not None,
-               gen.eos_token_id is not None, model.dtype, str(model.device), gen.decode_attention)
+               len(eos_ids(gen)), model.dtype, str(model.device), gen.decode_attention)
         if key not in kept:
             while len(kept) >= MAX_GRAPH_STEPS:
                 kept.popitem(last=False)
