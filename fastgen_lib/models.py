@@ -1,11 +1,13 @@
 """Model, tokenizer and workload: GPT-2 124M (real weights when present, else random), a tiny config for
-CPU work, and batches of left-padded prompts. Book: chapter 0 (setup)."""
+CPU work, a Llama-3.2-1B shape with random weights, any transformers causal LM by model id or local path,
+and batches of left-padded prompts. Book: chapter 0 (setup)."""
 import hashlib
 import os
 from pathlib import Path
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel,
+                          GPT2TokenizerFast, LlamaConfig, LlamaForCausalLM)
 
 TOKENIZER_DIR = Path(__file__).parent / "gpt2_tokenizer"
 # The hashes tiktoken pins for GPT-2's encoder.json and vocab.bpe.
@@ -14,7 +16,7 @@ TOKENIZER_SHA256 = {
     "merges.txt": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
 }
 EOS = 50256  # GPT-2's <|endoftext|>
-SIZES = ("124m", "tiny")
+SIZES = ("124m", "tiny", "llama-1b")  # named shapes; "gpt2" is "124m"
 
 PROMPTS = [
     "The quick brown fox",
@@ -28,8 +30,18 @@ PROMPTS = [
 ]
 
 
-def load_tokenizer():
-    """GPT-2's tokenizer from the files shipped in the package (no network), padding on the left."""
+def load_tokenizer(size=None):
+    """The tokenizer for `load_model(size)`, padding on the left: GPT-2's from the files shipped in the
+    package (no network, sha256-checked) for `124m`/`gpt2`/`tiny`; the model's own for a model id or
+    path; None for `llama-1b` (random weights: prompts are random token ids, `make_batch`)."""
+    size = "124m" if size in (None, "gpt2") else size
+    if size == "llama-1b":
+        return None
+    if size not in SIZES:
+        tok = AutoTokenizer.from_pretrained(size)
+        tok.pad_token = tok.pad_token or tok.eos_token
+        tok.padding_side = "left"
+        return tok
     for name, want in TOKENIZER_SHA256.items():
         got = hashlib.sha256((TOKENIZER_DIR / name).read_bytes()).hexdigest()
         if got != want:
@@ -45,6 +57,15 @@ def tiny_config():
     return GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=1024)
 
 
+def llama_1b_config():
+    """Llama-3.2-1B's shape (16 layers, hidden 2048, 32 heads, 8 key/value heads, vocabulary 128,256,
+    tied embedding): random weights at the real model's speed, where the checkpoint is not at hand."""
+    return LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                       rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=128000,
+                       eos_token_id=128001)
+
+
 def default_size():
     """`FASTGEN_SIZE` picks the model for notebooks and the CLI: `124m` on CUDA, `tiny` on a CPU."""
     size = os.environ.get("FASTGEN_SIZE") or ("124m" if torch.cuda.is_available() else "tiny")
@@ -54,25 +75,49 @@ def default_size():
 
 
 def load_model(size=None, device=None, dtype=torch.float32, weights="auto", seed=0):
-    """GPT-2 in eval mode. `weights`: "auto" loads the real `gpt2` checkpoint if it is in the local cache
-    or reachable on the hub, else falls back to random weights with a printed notice; "pretrained"
-    insists; "random" skips the lookup. Random weights run at exactly the real model's speed: the same
-    shapes, the same kernels, the same bytes moved. The tiny size is always random."""
-    size = size or default_size()
-    if size not in SIZES:
-        raise ValueError(f"size={size!r}: expected one of {SIZES}")
+    """A causal LM in eval mode. `size`: a named shape, `124m` (= `gpt2`), `tiny` (always random) or
+    `llama-1b` (Llama-3.2-1B's shape, always random), or a transformers model id or local path (its
+    checkpoint; with weights="random", its config with random weights). `weights` for GPT-2: "auto"
+    loads the real `gpt2` checkpoint if it is in the local cache or reachable on the hub, else falls back
+    to random weights with a printed notice; "pretrained" insists; "random" skips the lookup. Random
+    weights run at exactly the real model's speed: the same shapes, kernels and bytes moved."""
+    size = "124m" if size == "gpt2" else size or default_size()
     if weights not in ("auto", "pretrained", "random"):
         raise ValueError(f"weights={weights!r}: expected 'auto', 'pretrained' or 'random'")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = None
-    if size == "124m" and weights != "random":
+    if size not in SIZES:  # a model id or a local path
+        model = _from_hub(size, weights, seed)
+    elif size == "124m" and weights != "random":
         model = _pretrained(strict=weights == "pretrained")
     if model is None:
         torch.manual_seed(seed)
-        model = GPT2LMHeadModel(tiny_config() if size == "tiny" else GPT2Config())
+        model = (LlamaForCausalLM(llama_1b_config()) if size == "llama-1b" else
+                 GPT2LMHeadModel(tiny_config() if size == "tiny" else GPT2Config()))
         model.fastgen_weights = "random"
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    model.generation_config.pad_token_id = EOS
+    g = model.generation_config
+    if g.pad_token_id is None:  # GPT-2 and Llama have none: finished rows get the (first) EOS
+        g.pad_token_id = g.eos_token_id[0] if isinstance(g.eos_token_id, list) else g.eos_token_id
+    if size in ("124m", "tiny"):
+        g.pad_token_id = EOS
+    return model
+
+
+def _from_hub(name, weights, seed):
+    """`name` as a transformers model id or local path: the checkpoint (the local cache first), or with
+    weights="random" the config alone. A clear error when it is neither."""
+    try:
+        if weights == "random":
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name))
+            model.fastgen_weights = "random"
+        else:
+            model = AutoModelForCausalLM.from_pretrained(name)
+            model.fastgen_weights = f"pretrained {name}"
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model {name!r}: not one of {SIZES + ('gpt2',)} and not a transformers causal "
+                         f"LM id or path ({str(exc).splitlines()[0][:160]})") from None
     return model
 
 

@@ -93,3 +93,25 @@ def test_unsupported_models_are_refused_by_name(make, why):
     with pytest.raises(ValueError, match=why):
         fg.generate(model, ids, mask, decoder="naive", max_new_tokens=2, eos_token_id=EOS,
                     pad_token_id=PAD)
+
+
+def test_load_model_by_path_and_by_named_shape(tmp_path):
+    # a local checkpoint directory (what a model id resolves to): its weights, or its config with
+    # random weights; and the Llama-3.2-1B shape, counted on the meta device (no memory)
+    torch.manual_seed(0)
+    FAMILIES["llama"]().save_pretrained(tmp_path)
+    model = fg.load_model(str(tmp_path), device="cpu")
+    assert type(model).__name__ == "LlamaForCausalLM" and model.fastgen_weights.startswith("pretrained")
+    assert fg.load_model(str(tmp_path), device="cpu", weights="random").fastgen_weights == "random"
+    ids, mask = fg.make_batch(2, 5, vocab_size=VOCAB, pad_token_id=PAD)
+    ref = hf_generate(model, ids, mask, 4, EOS, PAD)
+    out = fg.generate(model, ids, mask, decoder="interleaved", max_new_tokens=4, eos_token_id=EOS,
+                      pad_token_id=PAD)
+    assert first_divergence(model, ids, mask, ref, out) is None
+    with pytest.raises(ValueError, match="not a transformers causal LM id or path"):
+        fg.load_model(str(tmp_path / "missing"))
+    from fastgen_lib.models import llama_1b_config
+    with torch.device("meta"):
+        shape = T.LlamaForCausalLM(llama_1b_config())
+    assert sum(p.numel() for p in shape.parameters()) == 1_235_814_400  # Llama-3.2-1B's count
+    assert fg.load_tokenizer("llama-1b") is None and fg.load_tokenizer("gpt2") is not None
