@@ -12,7 +12,8 @@ import time
 
 from .names import DECODER_NAMES, HF_METHOD_NAMES
 
-N_POSITIONS = 1024  # GPT-2's n_positions, both sizes: prompt + new tokens must fit
+N_POSITIONS = 1024  # GPT-2's n_positions (124m, tiny): checked here; other models by the library
+GPT2 = (None, "124m", "gpt2", "tiny")  # --size values that are GPT-2 (None: the default size)
 VOCAB = 50257
 METHODS = list(DECODER_NAMES) + list(HF_METHOD_NAMES)
 COMPILED = {"compiled", "deferred", "interleaved"}  # torch.compile on their first call
@@ -65,11 +66,13 @@ def problem(args):
         n, t, k, seed = args.max_new_tokens, args.temperature, args.top_k, args.seed
         checks = [
             (n >= 1, f"--max-new-tokens must be at least 1, got {n}"),
-            (n < N_POSITIONS, f"--max-new-tokens ({n}) leaves no room for a prompt in "
-                              f"GPT-2's {N_POSITIONS} positions"),
+            (n < N_POSITIONS or args.size not in GPT2,
+             f"--max-new-tokens ({n}) leaves no room for a prompt in GPT-2's {N_POSITIONS} "
+             f"positions"),
             (all(args.prompt), "--prompt: an empty prompt has no token to start from"),
             (t > 0 and math.isfinite(t), f"--temperature must be > 0, got {t}"),
-            (k is None or 1 <= k <= VOCAB, f"--top-k must be in [1, {VOCAB}], got {k}"),
+            (k is None or 1 <= k <= VOCAB or (k >= 1 and args.size not in GPT2),
+             f"--top-k must be in [1, {VOCAB}], got {k}"),
             (0 <= seed < 2**32, f"--seed must be in [0, 2**32), got {seed}"),
         ]
     elif args.cmd in ("bench", "memory", "profile"):
@@ -79,7 +82,7 @@ def problem(args):
             (min(args.new_tokens) >= 1,
              f"--new-tokens must be at least 1, got {min(args.new_tokens)}"),
             (T >= 1, f"--prompt-len must be at least 1, got {T}"),
-            (T + n <= N_POSITIONS,
+            (T + n <= N_POSITIONS or args.size not in GPT2,
              f"prompt ({T}) + new tokens ({n}) exceeds GPT-2's {N_POSITIONS} "
              f"positions"),
             (args.repeats >= 1, f"--repeats must be at least 1, got {args.repeats}"),
@@ -153,16 +156,22 @@ def cmd_generate(args):
     import torch
 
     from . import decoders, models
-    tok = models.load_tokenizer()
-    enc = tok(args.prompt, return_tensors="pt", padding=True)
-    T, n = enc["input_ids"].shape[1], args.max_new_tokens
-    if T + n > N_POSITIONS:
-        fail(f"prompt ({T} tokens) + new tokens ({n}) exceeds GPT-2's {N_POSITIONS} "
-             f"positions")
+    tok, n = models.load_tokenizer(args.size), args.max_new_tokens
+    if tok is not None:
+        enc = tok(args.prompt, return_tensors="pt", padding=True)
+        T = enc["input_ids"].shape[1]
+        if T + n > N_POSITIONS and args.size in GPT2:
+            fail(f"prompt ({T} tokens) + new tokens ({n}) exceeds GPT-2's {N_POSITIONS} "
+                 f"positions")
     model = models.load_model(args.size, dtype=getattr(torch, args.dtype),
                               weights=args.weights)
-    ids = enc["input_ids"].to(model.device)
-    mask = enc["attention_mask"].to(model.device)
+    if tok is None:  # a random-weight shape: random prompts, token ids out
+        print(f"note: {args.size} has no tokenizer here: {len(args.prompt)} random 16-token "
+              "prompts, printed as token ids", file=sys.stderr)
+        ids, mask = models.prompts_for(model, len(args.prompt))
+    else:
+        ids = enc["input_ids"].to(model.device)
+        mask = enc["attention_mask"].to(model.device)
     kw = dict(decoder=args.decoder, max_new_tokens=n, do_sample=args.sample,
               temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     t0 = time.perf_counter()
@@ -175,8 +184,8 @@ def cmd_generate(args):
     sync()
     dt = time.perf_counter() - t0
     got = out.shape[1] - ids.shape[1]
-    for text in tok.batch_decode(out, skip_special_tokens=True):
-        print(text)
+    for row in (tok.batch_decode(out, skip_special_tokens=True) if tok else out.tolist()):
+        print(row)
         print("-" * 40)
     print(f"{args.decoder} on {model.device} ({model.fastgen_weights} weights): {got} "
           f"tokens in {dt * 1e3:.1f} ms = {dt / got * 1e3:.2f} ms/token "
@@ -264,9 +273,9 @@ def cmd_memory(args):
 
     from . import measure, memory
     from .decoders import generate
-    from .models import load_model, make_batch
+    from .models import load_model, prompts_for
     model = load_model(args.size, dtype=getattr(torch, args.dtype[0]))
-    ids, mask = make_batch(args.batch[0], args.prompt_len, device=model.device)
+    ids, mask = prompts_for(model, args.batch[0], args.prompt_len)
 
     def call():
         return generate(model, ids, mask, decoder=args.decoder,
@@ -289,9 +298,9 @@ def cmd_profile(args):
 
     from . import traces
     from .decoders import generate
-    from .models import load_model, make_batch
+    from .models import load_model, prompts_for
     model = load_model(args.size, dtype=getattr(torch, args.dtype[0]))
-    ids, mask = make_batch(args.batch[0], args.prompt_len, device=model.device)
+    ids, mask = prompts_for(model, args.batch[0], args.prompt_len)
 
     def call():
         return generate(model, ids, mask, decoder=args.decoder,
@@ -313,11 +322,13 @@ COMMANDS = {"check": cmd_check, "generate": cmd_generate, "bench": cmd_bench,
 def parser():
     p = Parser(prog="python -m fastgen_lib", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    dtypes, sizes = ["float32", "bfloat16", "float16"], ["124m", "tiny"]
-    size_help = "model size (default: FASTGEN_SIZE, else 124m on CUDA, tiny on a CPU)"
+    dtypes = ["float32", "bfloat16", "float16"]
+    size_help = ("the model: 124m (= gpt2), tiny, llama-1b (Llama-3.2-1B's shape, random "
+                 "weights), or a transformers model id or local path (default: FASTGEN_SIZE, "
+                 "else 124m on CUDA, tiny on a CPU)")
 
     def common(sp, batch=(1,), new_tokens=(100,)):
-        sp.add_argument("--size", choices=sizes, default=None, help=size_help)
+        sp.add_argument("--size", default=None, help=size_help)
         sp.add_argument("--dtype", nargs="+", default=["float32"], choices=dtypes)
         sp.add_argument("--batch", type=int, nargs="+", default=None,
                         help=f"default: {' '.join(map(str, batch))}")
@@ -338,7 +349,7 @@ def parser():
                         'word)')
     g.add_argument("--decoder", choices=DECODER_NAMES, default="interleaved")
     g.add_argument("--max-new-tokens", type=int, default=40)
-    g.add_argument("--size", choices=sizes, default=None, help=size_help)
+    g.add_argument("--size", default=None, help=size_help)
     g.add_argument("--dtype", default="float32", choices=dtypes)
     g.add_argument("--weights", default="auto",
                    choices=["auto", "pretrained", "random"])

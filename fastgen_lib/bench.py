@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 from . import measure
 from .reference import first_divergence, hf_generate
 from .decoders import DECODERS, generate
-from .models import EOS, make_batch
+from .models import prompts_for, stop_ids
 
 HF_METHODS = {"hf_dynamic": {}, "hf_static": {"cache_implementation": "static"}}
 METHODS = list(DECODERS) + list(HF_METHODS)
@@ -17,12 +17,13 @@ STATIC = {"static_cache", "compiled", "deferred", "interleaved", "hf_static"}  #
 
 def method_call(model, ids, mask, method, max_new_tokens):
     """`call(n)` for one of METHODS: `n` new tokens, on a cache sized for `max_new_tokens`."""
+    eos, pad = stop_ids(model)
     if method in DECODERS:
-        return measure.decoder_call(model, ids, mask, method, max_new_tokens, eos_token_id=EOS,
-                                    pad_token_id=EOS)
+        return measure.decoder_call(model, ids, mask, method, max_new_tokens, eos_token_id=eos,
+                                    pad_token_id=pad)
 
     def call(n=max_new_tokens):
-        return hf_generate(model, ids, mask, n, EOS, EOS, **HF_METHODS[method])
+        return hf_generate(model, ids, mask, n, eos, pad, **HF_METHODS[method])
     call.decode_attention = model.config._attn_implementation  # model.generate runs the model's own
     return call
 
@@ -33,8 +34,8 @@ def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=METHODS, r
     (equal to `model.generate`'s default, token for token; for a mismatch, the top-2 logit gap that
     decided it), speedups over naive and over hf_static, and the memory-bandwidth floor per step
     beside the measured time."""
-    ids, mask = make_batch(batch, prompt_len, seed=batch, device=model.device)
-    ref = hf_generate(model, ids, mask, max_new_tokens, EOS, EOS)
+    ids, mask = prompts_for(model, batch, prompt_len, seed=batch)
+    ref = hf_generate(model, ids, mask, max_new_tokens, *stop_ids(model))
     calls = {m: method_call(model, ids, mask, m, max_new_tokens) for m in methods}
     if progress:
         print(f"batch {batch}, {max_new_tokens} tokens: {', '.join(methods)}, {repeats} rounds",

@@ -33,12 +33,16 @@ PROMPTS = [
 def load_tokenizer(size=None):
     """The tokenizer for `load_model(size)`, padding on the left: GPT-2's from the files shipped in the
     package (no network, sha256-checked) for `124m`/`gpt2`/`tiny`; the model's own for a model id or
-    path; None for `llama-1b` (random weights: prompts are random token ids, `make_batch`)."""
+    path; None for `llama-1b` and a path without tokenizer files (random weights need none: prompts
+    are then random token ids, `prompts_for`)."""
     size = "124m" if size in (None, "gpt2") else size
     if size == "llama-1b":
         return None
     if size not in SIZES:
-        tok = AutoTokenizer.from_pretrained(size)
+        try:
+            tok = AutoTokenizer.from_pretrained(size)
+        except (OSError, ValueError):
+            return None
         tok.pad_token = tok.pad_token or tok.eos_token
         tok.padding_side = "left"
         return tok
@@ -162,6 +166,21 @@ def set_eos_bias(model, bias, eos_token_id=EOS):
     b[eos_token_id] = bias
     head.bias = torch.nn.Parameter(b, requires_grad=False)
     return model
+
+
+def stop_ids(model):
+    """(eos, pad) for `model`, from its generation config (a list of EOS ids stays a list); GPT-2's
+    EOS where it has none; pad defaults to the (first) EOS."""
+    g = model.generation_config
+    eos = g.eos_token_id if g.eos_token_id is not None else EOS
+    pad = g.pad_token_id if g.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+    return eos, pad
+
+
+def prompts_for(model, batch_size, prompt_len=16, **kwargs):
+    """`make_batch` for `model`: random ids from its vocabulary, padded with its pad id, on its device."""
+    return make_batch(batch_size, prompt_len, vocab_size=model.config.vocab_size,
+                      pad_token_id=stop_ids(model)[1], device=model.device, **kwargs)
 
 
 def make_batch(batch_size, prompt_len=16, *, mixed=True, vocab_size=50257, seed=0, device="cpu", tokenizer=None,

@@ -205,3 +205,21 @@ def test_bench_merge_joins_csvs_without_measuring(tmp_path):
 def test_bench_merge_needs_files_and_out(tmp_path):
     p = cli_torch_free("bench", "--merge", str(tmp_path / "nothing.csv"))
     assert "--merge needs" in one_line_error(p)
+
+
+def test_any_causal_lm_by_path_without_a_tokenizer(tmp_path):
+    # a local Llama checkpoint (what a model id resolves to) with no tokenizer files: random prompts,
+    # said once on stderr, token ids out; an unknown name is one line, exit 2
+    import transformers as T
+    torch.manual_seed(0)
+    T.LlamaForCausalLM(T.LlamaConfig(
+        vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128, num_key_value_heads=2,
+        eos_token_id=5)).save_pretrained(tmp_path)
+    r = cli("generate", "--size", str(tmp_path), "--max-new-tokens", "3", "--decoder", "kv_cache",
+            "--prompt", "a", "b")
+    assert r.returncode == 0, r.stderr
+    assert "has no tokenizer here: 2 random 16-token prompts" in r.stderr
+    assert r.stdout.count("[") == 2 and "kv_cache on cpu" in r.stdout
+    bad = cli("generate", "--size", str(tmp_path / "missing"), "--max-new-tokens", "3")
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: model")
