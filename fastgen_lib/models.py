@@ -154,7 +154,7 @@ def set_eos_bias(model, bias, eos_token_id=EOS):
     vector that is zero except at EOS; its weight stays tied to the embedding). Random weights almost never
     emit EOS; a bias makes rows finish at different steps, so early stopping happens in demos: about 0.7
     for the tiny model and 2.0 for GPT-2 124M with random weights (under greedy decoding some rows then
-    stop early and others never). `bias=0` removes it. Compiled runners captured the old lm_head, so
+    stop early and others never). `bias=0` removes it. GraphSteps captured the old lm_head, so
     they are freed here (`decoders.reset`) and rebuilt on the next call."""
     from .decoders import reset
     head = model.lm_head
