@@ -24,26 +24,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on the CPU 
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))  # a global a kernel reads: constexpr
 
 
-def _fix_interpreter_for_numpy_2_4():
-    """Triton 3.6's CPU interpreter turns a scalar kernel argument used as a loop bound into an int with
-    int() of a 1-element array, which numpy >= 2.4 refuses (triton-lang/triton#9171, fixed upstream by
-    #9172). Under TRITON_INTERPRET=1 only, wrap its tensor patching to take the element explicitly."""
-    if not INTERPRET:
-        return
-    from triton.runtime import interpreter
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "fastgen_fix", False):
-        return
-
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patch_lang_tensor.fastgen_fix = True
-    interpreter._patch_lang_tensor = patch_lang_tensor
-
-
-_fix_interpreter_for_numpy_2_4()
 
 
 # --- x @ W + b, with an optional LayerNorm before, GELU or a residual after -------------------------------
@@ -102,12 +82,14 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, lnw_ptr, lnb_ptr,
 
     acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if GELU:
-        # GPT-2's gelu_new: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); 1 + tanh(u) = 2 sigmoid(2u)
+        # GPT-2's gelu_new: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
+        # and 1 + tanh(u) = 2 sigmoid(2u)
         u = SQRT_2_OVER_PI * (acc + 0.044715 * acc * acc * acc)
         acc = acc * tl.sigmoid(2.0 * u)
     out_ok = row_ok[:, None] & col_ok[None, :]
     if HAS_RESIDUAL:
-        acc += tl.load(r_ptr + rows[:, None] * stride_rb + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + rows[:, None] * stride_rb + cols[None, :], mask=out_ok, other=0.0)
+        acc += r.to(tl.float32)
     tl.store(y_ptr + rows[:, None] * stride_yb + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
@@ -172,7 +154,7 @@ def _one_query_attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr,
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + ds, mask=d_ok, other=0.0).to(tl.float32)
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
-    m_i = tl.full([], -1.0e30, tl.float32)  # running max: finite, so an all-masked block gives exp(0), not NaN
+    m_i = tl.full([], -1.0e30, tl.float32)  # running max: finite, so an all-masked block gives 0, not NaN
     l_i = tl.full([], 0.0, tl.float32)      # running sum of exp(score - m_i)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for s0 in range(0, S, BLOCK_S):
@@ -232,7 +214,8 @@ def fused_forward(model, tok, step_pos, mask, cache):
     """One decode step of GPT2LMHeadModel with the fused kernels: tok [B, 1] token ids, step_pos [B, 1]
     their position ids, mask [B, L] the attention mask over all L slots of the prefilled StaticCache
     `cache`. Writes the step's keys/values at the cache's next column (and advances it, as
-    `steps.forward` does) -> float32 logits [B, V], equal to `steps.forward(model, tok, mask, step_pos, cache)`.
+    `steps.forward` does) -> float32 logits [B, V], equal to
+    `steps.forward(model, tok, mask, step_pos, cache)`.
     Torch glue: the embeddings, the cache write, the final LayerNorm and the lm_head."""
     tr = model.transformer
     B = tok.shape[0]
