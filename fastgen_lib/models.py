@@ -40,7 +40,7 @@ def load_tokenizer(size=None):
         return None
     if size not in SIZES:
         try:
-            tok = AutoTokenizer.from_pretrained(size)
+            tok = _local_first(AutoTokenizer.from_pretrained, size)
         except (OSError, ValueError):
             return None
         tok.pad_token = tok.pad_token or tok.eos_token
@@ -109,20 +109,30 @@ def load_model(size=None, device=None, dtype=torch.float32, weights="auto", seed
 
 
 def _from_hub(name, weights, seed):
-    """`name` as a transformers model id or local path: the checkpoint (the local cache first), or with
-    weights="random" the config alone. A clear error when it is neither."""
+    """`name` as a transformers model id or local path: the checkpoint, or with weights="random" the
+    config alone; the local cache first, the hub unless HF_HUB_OFFLINE=1. A clear error when it is
+    neither."""
     try:
         if weights == "random":
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name))
+            model = AutoModelForCausalLM.from_config(_local_first(AutoConfig.from_pretrained, name))
             model.fastgen_weights = "random"
         else:
-            model = AutoModelForCausalLM.from_pretrained(name)
+            model = _local_first(AutoModelForCausalLM.from_pretrained, name)
             model.fastgen_weights = f"pretrained {name}"
     except (OSError, ValueError) as exc:
         raise ValueError(f"model {name!r}: not one of {SIZES + ('gpt2',)} and not a transformers causal "
                          f"LM id or path ({str(exc).splitlines()[0][:160]})") from None
     return model
+
+
+def _local_first(load, name):
+    try:
+        return load(name, local_files_only=True)
+    except (OSError, ValueError):
+        if os.environ.get("HF_HUB_OFFLINE") == "1" or Path(name).exists():
+            raise
+        return load(name)
 
 
 def _pretrained(strict):
