@@ -34,15 +34,21 @@ DECODERS = {  # public name -> (step backend, stop driver)
 }
 
 
-def decode(model, input_ids, attention_mask, gen, step_backend, stop_driver):
+def decode(model, input_ids, attention_mask, gen, step_backend, stop_driver, streamer=None):
     """One decode: the backend runs the prompt and chooses its token, the driver runs the other steps
     and says how many tokens to keep. Any backend works with any driver, except that two CUDA streams
-    (`interleaved` on a GPU) need a step that allocates nothing (`graph`)."""
+    (`interleaved` on a GPU) need a step that allocates nothing (`graph`). A `streamer` gets what
+    `model.generate` gives one: the prompt, each new token [B] in order, then `end()`."""
     if stop_driver is interleaved and input_ids.is_cuda and not step_backend.graph:
         raise ValueError(f"interleaved needs a step that allocates nothing: {step_backend.__name__} "
                          "allocates on every step")
     step = step_backend.start(model, input_ids, attention_mask, gen, stop_driver.slots)
-    return step.tokens(stop_driver(step, gen.max_new_tokens))
+    if streamer is None:
+        return step.tokens(stop_driver(step, gen.max_new_tokens))
+    streamer.put(input_ids.cpu())
+    out = step.tokens(stop_driver(step, gen.max_new_tokens, streamer))
+    streamer.end()
+    return out
 
 
 def attention_of(model, decoder, decode_attention="auto"):
@@ -64,7 +70,7 @@ def reset(model):
 
 def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", max_new_tokens=32,
              max_cache_len=None, eos_token_id=None, pad_token_id=None, do_sample=False,
-             temperature=1.0, top_k=None, seed=None, decode_attention="auto"):
+             temperature=1.0, top_k=None, seed=None, decode_attention="auto", streamer=None):
     """Generate with one of `DECODERS`. `input_ids` [B, T] int64 on the model's device, left-padded;
     `attention_mask` [B, T] of 0/1 (all ones if None). Returns [B, T + n] like `model.generate`: the
     prompt then n <= max_new_tokens new tokens; rows that finished early are padded with `pad_token_id`.
@@ -75,7 +81,9 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
     to the model's, else the first eos. Sampling (`do_sample`,
     `temperature`, `top_k`) is reproducible: the same `seed`, an int in [0, 2**32), gives the same
     tokens on every decoder; `seed=None` draws one from torch's CPU generator (`torch.manual_seed`
-    fixes it). Integer arguments accept any integer-like scalar (numpy ints, 0-d tensors). Bad input
+    fixes it). `streamer` (transformers' `TextStreamer` or any object with `put` and `end`) gets the
+    tokens as they are made, as from `model.generate(streamer=...)`: with `deferred` and `interleaved`,
+    one step late, while the next step runs (chapter 7). Integer arguments accept any integer-like scalar (numpy ints, 0-d tensors). Bad input
     gets a ValueError or TypeError naming the argument, before anything runs."""
     if not isinstance(decoder, str) or decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}: choose one of {', '.join(DECODERS)}")
@@ -94,7 +102,7 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
         gen = replace(gen, seed=int(torch.randint(0, 2**32, (), dtype=torch.long)))
     # the named range lets a profiler trace tell the decode from the input checks above
     with torch.inference_mode(), torch.profiler.record_function(f"fastgen.{decoder}"):
-        return decode(model, input_ids, attention_mask, gen, *DECODERS[decoder])
+        return decode(model, input_ids, attention_mask, gen, *DECODERS[decoder], streamer)
 
 
 def supported(model):

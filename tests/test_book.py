@@ -66,6 +66,9 @@ LESSONS = [
      < r["ch7_gap_between_steps_us_compiled"]),
     ("07_interleaved", "removing the host's wait makes a step faster at batch 1 and batch 8",
      lambda r: r["ch7_interleave_gain_b1"] > 0 and r["ch7_interleave_gain_b8"] > 0),
+    ("07_interleaved", "a host with work per token (a text streamer) slows compiled; interleaved hides it",
+     lambda r: r["ch7_stream_gain_b1"] > 0.05
+     and r["ch7_stream_cost_us_interleaved"] < 0.25 * r["ch7_stream_cost_us_compiled"]),
     ("07_interleaved", "a pinned flag read without its event wait is stale; with the wait, never",
      lambda r: r["ch7_stale_reads_without_wait"] > 0 and r["ch7_stale_reads_with_wait"] == 0),
     ("08_results", "the article's ~5x over the naive loop at batch 32 holds",

@@ -252,3 +252,43 @@ def test_decode_attention_rejects_an_unknown_choice(model):
     ids, mask = fg.make_batch(1, 4, seed=0)
     with pytest.raises(ValueError, match="decode_attention='flash'"):
         fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=3, decode_attention="flash")
+
+
+class Recorder:
+    """A streamer (transformers' protocol: `put`, then `end`) that keeps what it was given."""
+
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        assert value.device.type == "cpu"
+        self.puts.append(value.clone())
+
+    def end(self):
+        self.ended += 1
+
+
+@pytest.mark.parametrize("case", ["batch8_stops", "all_stop_early", "batch1"])
+@pytest.mark.parametrize("decoder", list(fg.DECODERS))
+def test_a_streamer_gets_what_model_generate_gives_it(model, decoder, case):
+    # the prompt, then every new token [B] in order (pads for finished rows), then end(), once
+    ids, mask, N = workload(model, case)
+    want, got = Recorder(), Recorder()
+    ref = hf_generate(model, ids, mask, N, EOS, EOS, streamer=want)
+    out = fg.generate(model, ids, mask, decoder=decoder, max_new_tokens=N, eos_token_id=EOS,
+                      pad_token_id=EOS, streamer=got)
+    assert torch.equal(out, ref) and got.ended == want.ended == 1
+    assert len(got.puts) == len(want.puts) == 1 + ref.shape[1] - ids.shape[1]
+    for a, b in zip(got.puts, want.puts):
+        assert torch.equal(a, b)
+    assert torch.equal(torch.stack(got.puts[1:], 1), out[:, ids.shape[1]:])
+
+
+def test_text_streamer_prints_the_new_text(model, capsys):
+    from transformers import TextStreamer
+    tok = fg.load_tokenizer("124m")
+    fg.set_eos_bias(model, 0.0)
+    ids, mask = fg.make_batch(1, 6, seed=1)
+    out = fg.generate(model, ids, mask, decoder="interleaved", max_new_tokens=12,
+                      streamer=TextStreamer(tok, skip_prompt=True))
+    assert capsys.readouterr().out.strip() == tok.decode(out[0, 6:]).strip()

@@ -456,3 +456,30 @@ def test_short_random_requests_match_generate(model):
     out = decode(model, ids, mask, "interleaved", max_new_tokens=4)
     torch.cuda.synchronize()
     assert out.shape == (2, 9)
+
+
+class _Recorder:
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.clone())
+
+    def end(self):
+        self.ended += 1
+
+
+@pytest.mark.parametrize("bias", [0.0, 2.0, 3.0])  # no stop, rows stopping apart, all at once
+def test_streamers_get_compileds_tokens_from_every_driver(model, bias):
+    # the pinned token copies ride with the flags (deferred, interleaved): same puts, same order
+    eos_bias(model, bias)
+    ids, mask = fg.make_batch(8, T_S, mixed=True, seed=8, device="cuda")
+    got = {}
+    for d in ("compiled", "deferred", "interleaved"):
+        rec = _Recorder()
+        out = fg.generate(model, ids, mask, decoder=d, max_new_tokens=N_S, streamer=rec)
+        assert rec.ended == 1 and len(rec.puts) == 1 + out.shape[1] - T_S
+        assert torch.equal(torch.stack(rec.puts[1:], 1), out[:, T_S:].cpu())
+        got[d] = out
+    assert torch.equal(got["deferred"], got["compiled"])
+    assert torch.equal(got["interleaved"], got["compiled"])
