@@ -8,7 +8,8 @@ StaticCache of L slots. Per layer, five kernels (gpt-fast style: small, shapes i
     m   = ln_gemv(h, ln_2, c_fc, gelu=True)            LayerNorm, x @ W + b, GELU (tanh)  [B, 4E]
     h   = gemv_bias_residual(m, mlp.c_proj, h)                                            [B, E]
 
-`fused_forward` chains them for GPT2LMHeadModel (embeddings, final LayerNorm and lm_head stay in torch).
+`fused_forward` chains them for GPT2LMHeadModel (embeddings, final LayerNorm and lm_head stay in torch);
+`FusedStep` is the step backend on the seam (`decoders.decode(..., FusedStep, stops.interleaved)`).
 Every kernel takes float32 or bfloat16 and accumulates in float32 (float32 dots in IEEE precision, never
 TF32, so float32 logits match the eager model's). Correctness first: the block sizes are not tuned.
 Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU tensors.
@@ -19,6 +20,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from .steps import GraphStep, choose
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on the CPU (numpy)
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))  # a global a kernel reads: constexpr
@@ -241,3 +244,36 @@ def fused_forward(model, tok, step_pos, mask, cache):
         h = gemv_bias_residual(m, mlp.c_proj.weight, mlp.c_proj.bias, h)        # [B, E]
     h = torch.nn.functional.layer_norm(h, (E,), tr.ln_f.weight, tr.ln_f.bias, eps)
     return model.lm_head(h).float()                                             # [B, V]
+
+
+# --- the step backend on the seam (steps.GraphStep with this forward) ----------------------------------------
+
+def fused_decode_step(model, cache, chooser, tok, step_pos, mask, col, finished, out, done):
+    """`steps.decode_step` with `fused_forward` in place of the model's forward: choose the next token,
+    write it into `out` at column `col` and into `tok`, advance the position, set `done`. In place
+    only, so it replays as a CUDA graph (not compiled: the kernels are Triton's already)."""
+    col += 1
+    logits = fused_forward(model, tok, step_pos, mask, cache)
+    nxt = choose(logits, finished, col, chooser)
+    out.index_copy_(1, col.view(1), nxt[:, None])
+    tok.copy_(nxt[:, None])
+    step_pos += 1
+    done.copy_(finished.all())
+
+
+class FusedStep(GraphStep):
+    """A GraphStep whose step is `fused_decode_step`: the same buffers, StaticCache, eager prefill,
+    warm-up and one CUDA graph per flag slot; any stop driver drives it. GPT-2 only (GPT2LMHeadModel)."""
+
+    def __init__(self, model, batch, length, gen):
+        if getattr(model.config, "model_type", None) != "gpt2":
+            raise ValueError(f"the fused step runs GPT-2 (GPT2LMHeadModel), not "
+                             f"{getattr(model.config, 'model_type', type(model).__name__)}")
+        if model.device.type != "cuda" and not INTERPRET:
+            raise ValueError("the fused step needs a CUDA GPU with Triton (on a CPU, only under "
+                             "Triton's interpreter: TRITON_INTERPRET=1 before triton is imported)")
+        super().__init__(model, batch, length, gen)
+
+    def run(self, slot):
+        fused_decode_step(self.model, self.cache, self.chooser, self.tok, self.step_pos, self.mask,
+                          self.col, self.finished, self.out, self.done[slot])

@@ -196,3 +196,34 @@ def test_fused_forward_equals_steps_forward(tiny, B):
             close(a.values, b.values, tiny.dtype)
             assert int(a.cumulative_length) == int(b.cumulative_length) == T + i + 1
         tok = want.argmax(-1)[:, None]
+
+
+@pytest.mark.parametrize("bias, seed", [(0.6, 4), (0.5, 8)])  # all stop early, apart; most never
+@pytest.mark.parametrize("driver", ["every_step", "deferred", "interleaved"])
+def test_fused_step_backend_gives_model_generate_tokens(driver, bias, seed):
+    # FusedStep on the seam: prefill, warm-up, then the Triton step under each stop driver (on a CPU,
+    # under the interpreter), equal to model.generate with left padding and rows that stop apart
+    from fastgen_lib import decoders, stops
+    from fastgen_lib.models import EOS
+    from fastgen_lib.reference import hf_generate
+    from fastgen_lib.steps import GenConfig
+    model = fg.load_model("tiny", device=DEVICE)
+    fg.set_eos_bias(model, bias)
+    ids, mask = fg.make_batch(4, 8, mixed=True, seed=seed, device=DEVICE)
+    N = 24
+    ref = hf_generate(model, ids, mask, N, EOS, EOS, cache_implementation="static")
+    stop = [int((r == EOS).nonzero()[0]) if (r == EOS).any() else None for r in ref[:, 8:]]
+    assert len(set(stop)) >= 2  # the case has rows that stop at different steps (or never)
+    gen = GenConfig(N, (EOS,), EOS, False, 1.0, None, 0, None)
+    out = decoders.decode(model, ids, mask, gen, fused.FusedStep, getattr(stops, driver))
+    assert torch.equal(out, ref), (out, ref)
+
+
+def test_fused_step_refuses_another_model_type():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from fastgen_lib.steps import GenConfig
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(cfg).eval()
+    with pytest.raises(ValueError, match="GPT-2"):
+        fused.FusedStep(model, 1, 8, GenConfig(4, None, 0))
