@@ -157,6 +157,9 @@ def cmd_generate(args):
 
     from . import decoders, models
     tok, n = models.load_tokenizer(args.size), args.max_new_tokens
+    if args.stream and (len(args.prompt) != 1 or tok is None):
+        fail("--stream prints one prompt's text as it is made: give one --prompt, and a model "
+             "with a tokenizer" + ("" if tok is not None else f" ({args.size} has none here)"))
     if tok is not None:
         enc = tok(args.prompt, return_tensors="pt", padding=True)
         T = enc["input_ids"].shape[1]
@@ -179,15 +182,21 @@ def cmd_generate(args):
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     sync()
     first = time.perf_counter() - t0
+    if args.stream:  # transformers' TextStreamer: the text printed as the tokens come
+        from transformers import TextStreamer
+        kw["streamer"] = TextStreamer(tok, skip_special_tokens=True)
     t0 = time.perf_counter()
     out = decoders.generate(model, ids, mask, **kw)
     sync()
     dt = time.perf_counter() - t0
     got = out.shape[1] - ids.shape[1]
-    for row in (tok.batch_decode(out, skip_special_tokens=True) if tok else out.tolist()):
+    rows = [] if args.stream else (tok.batch_decode(out, skip_special_tokens=True) if tok
+                                   else out.tolist())
+    for row in rows:
         print(row)
         print("-" * 40)
-    print(f"{args.decoder} on {model.device} ({model.fastgen_weights} weights): {got} "
+    print(("-" * 40 + "\n" if args.stream else "")
+          + f"{args.decoder} on {model.device} ({model.fastgen_weights} weights): {got} "
           f"tokens in {dt * 1e3:.1f} ms = {dt / got * 1e3:.2f} ms/token "
           f"(first call, with compilation: {first:.1f} s)")
     return 0
@@ -358,6 +367,8 @@ def parser():
     g.add_argument("--top-k", type=int, default=None,
                    help=f"1 to {VOCAB} (with --sample)")
     g.add_argument("--seed", type=int, default=0, help="0 to 2**32 - 1")
+    g.add_argument("--stream", action="store_true",
+                   help="print the text as it is made (one prompt; timed with the printing)")
     b = sub.add_parser("bench", help="the ladder of decoders beside model.generate")
     common(b, batch=(1, 32), new_tokens=(100,))
     b.add_argument("--methods", nargs="+", default=None,

@@ -130,6 +130,18 @@ def test_generate_prints_text_and_time():
     assert "warning" not in p.stderr
 
 
+def test_generate_streams_one_prompt():
+    p = cli("generate", "--prompt", "Hello there", "--max-new-tokens", "6", "--stream")
+    assert p.returncode == 0, p.stderr
+    text, timing = p.stdout.split("-" * 40)
+    assert text.startswith("Hello there") and len(text.strip()) > len("Hello there")
+    assert "ms/token" in timing and "warning" not in p.stderr
+
+
+def test_stream_needs_one_prompt():
+    assert "give one --prompt" in one_line_error(cli("generate", "--prompt", "a b", "c d", "--stream"))
+
+
 def test_unquoted_prompt_words_warn():
     p = cli("generate", "--prompt", "Hello", "world", "--max-new-tokens", "2",
             "--decoder", "kv_cache")
