@@ -74,8 +74,10 @@ def memory_timeline(timelines, cond=None, title="Allocated vs reserved over the 
 
 def gpu_timeline(traces, cond=None, window_us=None, title="GPU timeline (like an Nsight Systems row)"):
     """`traces`: {label: intervals DataFrame from `traces.profile_decode`}. One row per label and stream;
-    a bar per kernel or copy; white space is the GPU idling. `window_us` zooms to the first microseconds."""
-    fig, axes = plt.subplots(len(traces), 1, figsize=(11, 1.3 + 1.0 * len(traces)), squeeze=False)
+    a bar per kernel or copy; white space is the GPU idling. `window_us` zooms to the first microseconds.
+    The rows share one time axis, so equal widths are equal times."""
+    fig, axes = plt.subplots(len(traces), 1, figsize=(11, 1.3 + 1.0 * len(traces)), squeeze=False,
+                             sharex=True)
     for ax, (label, iv) in zip(axes[:, 0], traces.items()):
         t0 = iv.start_us.min() if len(iv) else 0
         streams = sorted(iv.stream.unique(), key=str)
@@ -275,6 +277,9 @@ def step_bars(df, title, cond=None, ax=None, log="auto", note=True):
         ax.legend(fontsize=8, loc="upper right")
     if log is True or (log == "auto" and np.nanmax(ms) > 5 * np.nanmin(ms)):
         ax.set_yscale("log")
+        ax.set_ylim(top=np.nanmax(top) * 2.5)  # room above the labels for the legend
+    else:
+        ax.set_ylim(0, np.nanmax(top) * 1.3)
     ax.set_ylabel("decode ms per step", fontsize=9)
     ax.set_title(title, fontsize=10)
     if note:
