@@ -292,3 +292,17 @@ def test_text_streamer_prints_the_new_text(model, capsys):
     out = fg.generate(model, ids, mask, decoder="interleaved", max_new_tokens=12,
                       streamer=TextStreamer(tok, skip_prompt=True))
     assert capsys.readouterr().out.strip() == tok.decode(out[0, 6:]).strip()
+
+
+@pytest.mark.parametrize("decoder", list(fg.DECODERS))
+def test_a_streamer_with_one_two_three_new_tokens(model, decoder):
+    # the drivers' last put (after the loop) and their first (the prefill's token) at the edges
+    fg.set_eos_bias(model, 0.0)
+    ids, mask = fg.make_batch(3, 5, seed=3)
+    for n in (1, 2, 3):
+        want, got = Recorder(), Recorder()
+        ref = hf_generate(model, ids, mask, n, EOS, EOS, streamer=want)
+        out = fg.generate(model, ids, mask, decoder=decoder, max_new_tokens=n, eos_token_id=EOS,
+                          pad_token_id=EOS, streamer=got)
+        assert torch.equal(out, ref) and len(got.puts) == len(want.puts) == 1 + n
+        assert all(torch.equal(a, b) for a, b in zip(got.puts, want.puts)) and got.ended == 1
