@@ -83,8 +83,9 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
     tokens on every decoder; `seed=None` draws one from torch's CPU generator (`torch.manual_seed`
     fixes it). `streamer` (transformers' `TextStreamer` or any object with `put` and `end`) gets the
     tokens as they are made, as from `model.generate(streamer=...)`: with `deferred` and `interleaved`,
-    one step late, while the next step runs (chapter 7). Integer arguments accept any integer-like scalar (numpy ints, 0-d tensors). Bad input
-    gets a ValueError or TypeError naming the argument, before anything runs."""
+    one step late, while the next step runs (chapter 7). Integer arguments accept any integer-like
+    scalar (numpy ints, 0-d tensors). Bad input gets a ValueError or TypeError naming the argument,
+    before anything runs."""
     if not isinstance(decoder, str) or decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}: choose one of {', '.join(DECODERS)}")
     if eos_token_id is None:

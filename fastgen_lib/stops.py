@@ -62,7 +62,7 @@ def deferred(step, max_new_tokens, streamer=None):
     memory. The GPU always has the next step queued; when the flag says stop, step i is thrown away.
     Steps alternate between the two flag slots (and graphs), so a flag is never overwritten unread.
     A `streamer` gets step i-1's tokens with its flag, while step i runs."""
-    flags = Flags(step.out.device, step.out.shape[0])
+    flags = Flags(step.out.device, step.out.shape[0] if streamer is not None else 0)
     flags.copy(0, step.done[0], _streamed(step, 0, streamer))  # the prompt's token's flag
     for i in range(1, max_new_tokens):
         slot = i % 2
@@ -90,7 +90,7 @@ def interleaved(step, max_new_tokens, streamer=None):
         return deferred(step, max_new_tokens, streamer)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     computed = [torch.cuda.Event(), torch.cuda.Event()]  # step i's compute has finished
-    flags = Flags(step.out.device, step.out.shape[0])
+    flags = Flags(step.out.device, step.out.shape[0] if streamer is not None else 0)
     computed[0].record()  # the prompt's token is step 0, on the caller's stream
     flags.copy(0, step.done[0], _streamed(step, 0, streamer))
     n = max_new_tokens
