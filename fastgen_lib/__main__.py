@@ -16,7 +16,7 @@ N_POSITIONS = 1024  # GPT-2's n_positions (124m, tiny): checked here; other mode
 GPT2 = (None, "124m", "gpt2", "tiny")  # --size values that are GPT-2 (None: the default size)
 VOCAB = 50257
 METHODS = list(DECODER_NAMES) + list(HF_METHOD_NAMES)
-COMPILED = {"compiled", "deferred", "interleaved"}  # torch.compile on their first call
+COMPILED = {"compiled", "deferred", "interleaved", "fused"}  # torch.compile on their first call
 
 
 def fail(message):
@@ -208,9 +208,11 @@ def cmd_bench(args):
 
     from . import bench, measure, plots
     from .models import default_size, load_model
-    methods = args.methods or bench.METHODS
-    size = args.size or default_size()
     cuda = torch.cuda.is_available()
+    if not cuda and "fused" in (args.methods or []) and not args.merge:
+        fail("the fused decoder needs a CUDA GPU with Triton, and this machine has none")
+    methods = args.methods or [m for m in bench.METHODS if cuda or m != "fused"]
+    size = args.size or default_size()
     if args.merge:  # no measuring: CSVs of earlier runs (a sweep over GPUs) -> one CSV
         frames = [pd.read_csv(f) for f in args.merge]
         joined = pd.concat(frames)

@@ -12,7 +12,7 @@ from .models import prompts_for, stop_ids
 
 HF_METHODS = {"hf_dynamic": {}, "hf_static": {"cache_implementation": "static"}}
 METHODS = list(DECODERS) + list(HF_METHODS)
-STATIC = {"static_cache", "compiled", "deferred", "interleaved", "hf_static"}  # attend over all T+N slots
+STATIC = {"static_cache", "compiled", "deferred", "interleaved", "fused", "hf_static"}  # attend over all T+N slots
 
 
 def method_call(model, ids, mask, method, max_new_tokens):

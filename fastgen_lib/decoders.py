@@ -9,6 +9,7 @@ signature and, under greedy decoding, the same tokens as `model.generate`:
     compiled       5   GraphStep     every_step   torch.compile, the step replayed as a CUDA graph
     deferred       7   GraphStep     deferred     read step i-1's flag while step i runs
     interleaved    7   GraphStep     interleaved  deferred on two CUDA streams in ping-pong
+    fused          9   FusedStep     interleaved  the step as Triton kernels (GPT-2, CUDA only)
 
 `generate()` is the entry point. A GraphStep is kept on the model for the next call with the same
 shapes and settings (its compile, graphs and buffers); `reset(model)` frees them.
@@ -24,6 +25,22 @@ import torch
 from .steps import DynamicStep, GenConfig, GraphStep, NaiveStep, StaticStep, attention_choice
 from .stops import deferred, every_step, interleaved
 
+class Fused:
+    """`fused.FusedStep`, imported on first use (it imports Triton). It refuses, before anything
+    runs, a model that is not GPT-2 or not on a CUDA GPU (on a CPU it runs only under Triton's
+    interpreter, TRITON_INTERPRET=1 before triton is imported: the CPU tests)."""
+    graph = True  # one CUDA graph per flag slot: two streams may run it
+
+    @staticmethod
+    def start(model, input_ids, attention_mask, gen, slots=(0,)):
+        try:
+            from .fused import FusedStep
+        except ImportError as e:
+            raise ValueError(f"the fused decoder needs Triton ({e}); it comes with torch's CUDA "
+                             "builds on Linux") from e
+        return FusedStep.start(model, input_ids, attention_mask, gen, slots)
+
+
 DECODERS = {  # public name -> (step backend, stop driver)
     "naive": (NaiveStep, every_step),
     "kv_cache": (DynamicStep, every_step),
@@ -31,6 +48,7 @@ DECODERS = {  # public name -> (step backend, stop driver)
     "compiled": (GraphStep, every_step),
     "deferred": (GraphStep, deferred),
     "interleaved": (GraphStep, interleaved),
+    "fused": (Fused, interleaved),
 }
 
 
@@ -54,6 +72,8 @@ def decode(model, input_ids, attention_mask, gen, step_backend, stop_driver, str
 def attention_of(model, decoder, decode_attention="auto"):
     """The attention that `decoder`'s decode steps run: GraphStep's choice (`attention_choice`), or
     the model's own for the eager steps and `model.generate`. Every result row records it."""
+    if decoder == "fused":
+        return "fused"  # its own Triton kernel (fused.one_query_attention)
     if decoder in DECODERS and DECODERS[decoder][0] is GraphStep:
         return attention_choice(model.dtype, decode_attention)
     return model.config._attn_implementation

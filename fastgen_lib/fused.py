@@ -97,7 +97,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, lnw_ptr, lnb_ptr,
 
 
 def _gemv(x, weight, bias, residual=None, ln_weight=None, ln_bias=None, eps=1e-5, gelu=False,
-          block_n=64, block_k=64):
+          block_n=64, block_k=64, num_warps=4):
     """x [B, K] @ weight [K, N] + bias [N] (then GELU, or + residual [B, N]) -> a new [B, N] in x's dtype;
     with ln_weight/ln_bias [K], x is LayerNorm'd (eps) first. Rows and the weight may be strided views
     (the last dimension of x, residual and bias contiguous)."""
@@ -117,7 +117,7 @@ def _gemv(x, weight, bias, residual=None, ln_weight=None, ln_bias=None, eps=1e-5
                        x.stride(0), weight.stride(0), weight.stride(1), r.stride(0), y.stride(0),
                        HAS_LN=ln_weight is not None, GELU=gelu, HAS_RESIDUAL=residual is not None,
                        DOT_F32=INTERPRET and weight.dtype != torch.float32,
-                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
     return y
 
 

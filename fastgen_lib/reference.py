@@ -10,6 +10,7 @@ HF_REFERENCE = {
     "compiled": dict(),
     "deferred": dict(),
     "interleaved": dict(),
+    "fused": dict(),
 }
 
 

@@ -24,6 +24,14 @@ FAMILIES = {
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
         max_position_embeddings=128, word_embed_proj_dim=64)),
 }
+FAMILY_DECODERS = [d for d in fg.DECODERS if d != "fused"]  # fused runs GPT-2 only
+
+
+def test_fused_refuses_another_family_before_it_runs():
+    model = FAMILIES["llama"]().eval()
+    ids, mask = fg.make_batch(2, 5, vocab_size=VOCAB, seed=1, pad_token_id=PAD)
+    with pytest.raises(ValueError, match="GPT-2"):
+        fg.generate(model, ids, mask, decoder="fused", max_new_tokens=4)
 
 
 def stop_steps(out, T_):
@@ -47,7 +55,7 @@ def family(request):
     pytest.fail(f"{request.param}: no EOS bias made rows stop apart")
 
 
-@pytest.mark.parametrize("decoder", list(fg.DECODERS))
+@pytest.mark.parametrize("decoder", FAMILY_DECODERS)
 def test_every_decoder_gives_generate_tokens(family, decoder):
     name, model, ids, mask, _ = family
     for eos in (EOS, [EOS, 7]):  # one id, or a list: a row finishes on any of them
@@ -61,7 +69,7 @@ def test_sampling_is_the_same_on_every_decoder(family):
     name, model, ids, mask, _ = family
     outs = {d: fg.generate(model, ids, mask, decoder=d, max_new_tokens=N, eos_token_id=EOS,
                            pad_token_id=PAD, do_sample=True, seed=3, temperature=0.8, top_k=20)
-            for d in fg.DECODERS}
+            for d in FAMILY_DECODERS}
     assert all(torch.equal(o, outs["naive"]) for o in outs.values()), name
 
 

@@ -10,28 +10,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
 pytest.importorskip("triton", reason="triton is not installed: the fused kernels need it")
 
-
-def _fix_interpreter_for_numpy_2_4():
-    """Triton 3.6's CPU interpreter turns a scalar kernel argument used as a loop bound into an int with
-    int() of a 1-element array, which numpy >= 2.4 refuses (triton-lang/triton#9171, fixed upstream by
-    #9172). Under TRITON_INTERPRET=1 only, wrap its tensor patching to take the element explicitly."""
-    from triton.runtime import interpreter
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "fastgen_fix", False):
-        return
-
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patch_lang_tensor.fastgen_fix = True
-    interpreter._patch_lang_tensor = patch_lang_tensor
-
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    _fix_interpreter_for_numpy_2_4()  # the test's business, not the library's: no patch on import
-
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F  # noqa: E402  (tests/conftest.py patches the interpreter)
 
 import fastgen_lib as fg  # noqa: E402
 from fastgen_lib import fused  # noqa: E402
