@@ -11,7 +11,7 @@ StaticCache of L slots. Per layer, five kernels (gpt-fast style: small, shapes i
 `fused_forward` chains them for GPT2LMHeadModel (embeddings, final LayerNorm and lm_head stay in torch);
 `FusedStep` is the step backend on the seam (`decoders.decode(..., FusedStep, stops.interleaved)`).
 Every kernel takes float32 or bfloat16 and accumulates in float32 (float32 dots in IEEE precision, never
-TF32, so float32 logits match the eager model's). Correctness first: the block sizes are not tuned.
+TF32, so float32 logits match the eager model's).
 Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU tensors.
 """
 import math
@@ -97,7 +97,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, lnw_ptr, lnb_ptr,
 
 
 def _gemv(x, weight, bias, residual=None, ln_weight=None, ln_bias=None, eps=1e-5, gelu=False,
-          block_n=64, block_k=64, num_warps=4):
+          block_n=None, block_k=128, num_warps=None):
     """x [B, K] @ weight [K, N] + bias [N] (then GELU, or + residual [B, N]) -> a new [B, N] in x's dtype;
     with ln_weight/ln_bias [K], x is LayerNorm'd (eps) first. Rows and the weight may be strided views
     (the last dimension of x, residual and bias contiguous)."""
@@ -112,6 +112,12 @@ def _gemv(x, weight, bias, residual=None, ln_weight=None, ln_bias=None, eps=1e-5
     lnw = ln_weight if ln_weight is not None else bias  # (unread without HAS_LN)
     lnb = ln_bias if ln_bias is not None else bias
     block_m = 16 if B <= 16 else 32  # tl.dot wants every side >= 16: rows past B are masked
+    # tiles from tools/tune_fused.py (results/h200/fused/tune.csv): narrow column tiles at small
+    # batch, so that even a 768-column projection spreads over 48 programs
+    if block_n is None:
+        block_n = 16 if B <= 16 else 64 if weight.dtype == torch.float32 else 32
+    if num_warps is None:
+        num_warps = 4 if B <= 16 else 8
     grid = (triton.cdiv(N, block_n), triton.cdiv(B, block_m))
     _gemv_kernel[grid](x, weight, bias, r, y, lnw, lnb, B, K, N, eps,
                        x.stride(0), weight.stride(0), weight.stride(1), r.stride(0), y.stride(0),
