@@ -16,7 +16,8 @@ def footer(fig, cond, extra=""):
     if hasattr(cond, "iloc"):  # a DataFrame: take its first row
         cond = cond.iloc[0].to_dict()
     parts = [str(cond.get("gpu", "")), f"torch {cond.get('torch', '')}",
-             f"transformers {cond.get('transformers', '')}", str(cond.get("dtype", ""))]
+             f"transformers {cond.get('transformers', '')}",
+             str(cond.get("dtype", "")).replace("torch.", "")]
     if isinstance(cond.get("alloc_conf"), str) and cond["alloc_conf"]:  # a CSV's empty cell reads back as NaN
         parts.append(f"PYTORCH_ALLOC_CONF={cond['alloc_conf']}")
     if cond.get("repeats") == cond.get("repeats") and cond.get("repeats") is not None:
@@ -58,17 +59,26 @@ def ladder_bars(df, cond=None, ax=None, title=None):
 
 
 def memory_timeline(timelines, cond=None, title="Allocated vs reserved over the decode"):
-    """`timelines`: {label: DataFrame(event, allocated, reserved)} from `memory.allocator_timeline`."""
-    fig, axes = plt.subplots(1, len(timelines), figsize=(5.5 * len(timelines), 3.8), squeeze=False)
+    """`timelines`: {label: DataFrame(event, allocated, reserved)} from `memory.allocator_timeline`,
+    side by side on one memory scale that starts near the lowest allocation (the weights), so that the
+    steps of reserved memory show."""
+    n = len(timelines)
+    fig, axes = plt.subplots(1, n, figsize=(min(4.2 * n, 8.4), 3.8), squeeze=False, sharey=True)
+    lo = min(t.allocated.min() for t in timelines.values()) / 2**20
+    hi = max(t.reserved.max() for t in timelines.values()) / 2**20
     for ax, (label, t) in zip(axes[0], timelines.items()):
         ax.plot(t.event, t.reserved / 2**20, label="reserved", color="tab:red")
         ax.plot(t.event, t.allocated / 2**20, label="allocated", color="tab:blue")
         ax.fill_between(t.event, t.allocated / 2**20, t.reserved / 2**20, color="tab:red", alpha=0.15,
                         label="reserved - allocated")
-        ax.set(title=label, xlabel="allocator event", ylabel="MiB")
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
+        ax.set_title(label, fontsize=10)
+        ax.set(xlabel="allocator event")
+    axes[0][0].set(ylabel="MiB", ylim=(lo - 0.1 * (hi - lo), hi + 0.05 * (hi - lo)))
+    fig.suptitle(title.replace("torch.", ""), fontsize=10, y=0.98)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, 0.93))  # one legend, above the panels
     footer(fig, cond or {})
+    fig.subplots_adjust(top=0.76, wspace=0.08)
     return fig
 
 
