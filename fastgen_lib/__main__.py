@@ -211,7 +211,7 @@ def cmd_bench(args):
     cuda = torch.cuda.is_available()
     if not cuda and "fused" in (args.methods or []) and not args.merge:
         fail("the fused decoder needs a CUDA GPU with Triton, and this machine has none")
-    methods = args.methods or [m for m in bench.METHODS if cuda or m != "fused"]
+    methods = args.methods or bench.LADDER
     size = args.size or default_size()
     if args.merge:  # no measuring: CSVs of earlier runs (a sweep over GPUs) -> one CSV
         frames = [pd.read_csv(f) for f in args.merge]
@@ -374,7 +374,8 @@ def parser():
     b = sub.add_parser("bench", help="the ladder of decoders beside model.generate")
     common(b, batch=(1, 32), new_tokens=(100,))
     b.add_argument("--methods", nargs="+", default=None,
-                   help=f"default: all of {', '.join(METHODS)}")
+                   help=f"any of {', '.join(METHODS)} (default: all but fused, "
+                        "which runs by name)")
     b.add_argument("--sweep", action="store_true",
                    help="the grid: batch x new tokens for the first dtype, the "
                         "100-token column for the others (eager methods only where "

@@ -11,7 +11,9 @@ from .decoders import DECODERS, generate
 from .models import prompts_for, stop_ids
 
 HF_METHODS = {"hf_dynamic": {}, "hf_static": {"cache_implementation": "static"}}
-METHODS = list(DECODERS) + list(HF_METHODS)
+METHODS = list(DECODERS) + list(HF_METHODS)  # every name the bench takes
+BEYOND = ("fused",)  # past the article's ladder (chapter 9 on): by name only, e.g. --methods fused
+LADDER = [m for m in METHODS if m not in BEYOND]  # the default: the article's ladder
 STATIC = {"static_cache", "compiled", "deferred", "interleaved", "fused", "hf_static"}  # attend over all T+N slots
 
 
@@ -28,7 +30,7 @@ def method_call(model, ids, mask, method, max_new_tokens):
     return call
 
 
-def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=METHODS, repeats=10,
+def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=LADDER, repeats=10,
            bandwidth=None, progress=True):
     """Every method on one workload, timed alternated (`measure.measure_calls`). Adds: tokens_match
     (equal to `model.generate`'s default, token for token; for a mismatch, the top-2 logit gap that
@@ -66,7 +68,7 @@ def add_ratios_and_floor(df, model, bandwidth=None):
     return df
 
 
-def sweep(model, batches=(1, 4, 8, 16, 32), new_tokens=(50, 100, 200, 400), methods=METHODS, repeats=10,
+def sweep(model, batches=(1, 4, 8, 16, 32), new_tokens=(50, 100, 200, 400), methods=LADDER, repeats=10,
           prompt_len=16, bandwidth=None, skip=None, checkpoint=None):
     """`ladder` over a grid. `skip(method, batch, new_tokens) -> bool` leaves out expensive cells (naive
     at 400 tokens, hf_static's per-shape recompiles) while keeping the grid honest about it. With
