@@ -68,6 +68,12 @@ def test_names_are_the_librarys():
     assert tuple(fastgen_lib.DECODERS) == names.DECODER_NAMES
     assert bench.METHODS == list(names.DECODER_NAMES) + list(names.HF_METHOD_NAMES)
     assert tuple(bench.HF_METHODS) == names.HF_METHOD_NAMES
+    # the default ladder is the article's: the decoders past it (fused: a CUDA GPU) run by name
+    assert set(bench.BEYOND) <= set(bench.METHODS) and not set(bench.BEYOND) & set(bench.LADDER)
+    assert sorted(bench.LADDER + list(bench.BEYOND)) == sorted(bench.METHODS)
+    import inspect
+    assert inspect.signature(bench.ladder).parameters["methods"].default is bench.LADDER
+    assert inspect.signature(bench.sweep).parameters["methods"].default is bench.LADDER
 
 
 @pytest.mark.parametrize("args, says", [
