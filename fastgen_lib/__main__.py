@@ -16,7 +16,7 @@ N_POSITIONS = 1024  # GPT-2's n_positions (124m, tiny): checked here; other mode
 GPT2 = (None, "124m", "gpt2", "tiny")  # --size values that are GPT-2 (None: the default size)
 VOCAB = 50257
 METHODS = list(DECODER_NAMES) + list(HF_METHOD_NAMES)
-COMPILED = {"compiled", "deferred", "interleaved", "fused"}  # torch.compile on their first call
+COMPILED = {"compiled", "deferred", "interleaved", "fused"}  # compile on their first call
 
 
 def fail(message):

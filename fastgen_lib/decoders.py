@@ -25,6 +25,7 @@ import torch
 from .steps import DynamicStep, GenConfig, GraphStep, NaiveStep, StaticStep, attention_choice
 from .stops import deferred, every_step, interleaved
 
+
 class Fused:
     """`fused.FusedStep`, imported on first use (it imports Triton). It refuses, before anything
     runs, a model that is not GPT-2 or not on a CUDA GPU (on a CPU it runs only under Triton's

@@ -1,13 +1,11 @@
 """The fused Triton decode step (fastgen_lib/fused.py) against the PyTorch ops it replaces. Without CUDA
 the kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1, set before triton is imported)."""
 import copy
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
+# without CUDA, tests/conftest.py has set TRITON_INTERPRET=1 before anything imported triton
 pytest.importorskip("triton", reason="triton is not installed: the fused kernels need it")
 
 import torch.nn.functional as F  # noqa: E402  (tests/conftest.py patches the interpreter)
