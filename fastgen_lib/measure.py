@@ -13,7 +13,8 @@ import transformers
 
 from .decoders import attention_of, generate
 
-BENCH_VERSION = 2  # bump when the timing method changes (2: alternated rounds, prefill apart, IQR)
+BENCH_VERSION = 3  # bump when the timing method changes (2: alternated rounds, prefill apart, IQR;
+#                   3: rounds where the host ran slow left out, `compare`'s pace_slack)
 
 
 # --- conditions ------------------------------------------------------------------------------------------
@@ -47,35 +48,65 @@ def time_call(fn, repeats=10, warmup=1):
     """Wall time of `fn()` in seconds: `warmup` untimed calls (compile, graph capture, lazy init), then
     `repeats` timed calls, each between two synchronizations, the garbage collector off.
     Returns (list of seconds, last result). To compare methods, use `compare`: it alternates them."""
-    times, out = compare({"fn": fn}, repeats, warmup)
+    times, out, _ = compare({"fn": fn}, repeats, warmup)
     return times["fn"], out["fn"]
 
 
-def compare(calls, repeats=10, warmup=1):
+def host_pace(n=20_000):
+    """Seconds that a fixed piece of pure-Python work takes now (best of three): the host's pace.
+    An eager decoder is host-bound and runs at this pace; a shared host can halve it for seconds."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(n):
+            total += i
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def at_full_pace(rounds, pace_slack):
+    """The rounds' times where the host ran within `pace_slack` of its fastest round's pace."""
+    best = min((pace for pace, _ in rounds), default=0.0)
+    return [t for pace, t in rounds if pace_slack is None or pace <= pace_slack * best]
+
+
+def compare(calls, repeats=10, warmup=1, pace_slack=1.2, max_rounds=None):
     """The book's timing protocol. `calls` maps names to functions. Each is called `warmup` times
-    (compile, capture, lazy init), then `repeats` rounds run every call once, in turn (A B C A B C ...),
-    so that a slow moment of the machine hits all methods alike. Each call is timed between two
-    synchronizations, with the garbage collector off. Returns ({name: [seconds]}, {name: last result})."""
+    (compile, capture, lazy init), then rounds run every call once, in turn (A B C A B C ...), so
+    that a slow moment of the machine hits all methods alike. Each call is timed between two
+    synchronizations, with the garbage collector off. The host's pace is taken before and after
+    each round: a round that ran with the host over `pace_slack` times slower than at its best is
+    left out, and rounds go on until `repeats` ran at full pace (at most `max_rounds`, default
+    2 x repeats; then the `repeats` best-paced). `pace_slack=None` keeps every round.
+    Returns ({name: [seconds]}, {name: last result}, the number of rounds run)."""
     out = {}
     for _ in range(warmup):
         for name, fn in calls.items():
             out[name] = fn()
     sync()
-    times = {name: [] for name in calls}
+    rounds = []  # (the host's slower pace around the round, {name: seconds})
     enabled = gc.isenabled()
     gc.collect()
     gc.disable()  # a collection inside a timed call would be charged to whichever method ran then
     try:
-        for _ in range(repeats):
+        while (len(at_full_pace(rounds, pace_slack)) < repeats
+               and len(rounds) < (max_rounds or 2 * repeats)):
+            pace = host_pace()
+            t = {}
             for name, fn in calls.items():
                 t0 = time.perf_counter()
                 out[name] = fn()
                 sync()  # host waits for the GPU here: the timer stops when the GPU has finished
-                times[name].append(time.perf_counter() - t0)
+                t[name] = time.perf_counter() - t0
+            rounds.append((max(pace, host_pace()), t))
     finally:
         if enabled:
             gc.enable()
-    return times, out
+    kept = at_full_pace(rounds, pace_slack)
+    if len(kept) < repeats:  # the host never came back to full pace: its best-paced rounds
+        kept = [t for _, t in sorted(rounds, key=lambda r: r[0])[:repeats]]
+    return {name: [t[name] for t in kept] for name in calls}, out, len(rounds)
 
 
 def spread(values):
@@ -112,9 +143,10 @@ def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1)
         timed[m] = c
         if max_new_tokens > 1:
             timed[f"{m}@1"] = lambda c=c: c(1)
-    times, outs = compare(timed, repeats, warmup)
+    times, outs, rounds = compare(timed, repeats, warmup)
     rows = [_row(model, input_ids, max_new_tokens, m, times[m], times.get(f"{m}@1", times[m]),
-                 outs[m], first_s[m], getattr(calls[m], "decode_attention", None)) for m in calls]
+                 outs[m], first_s[m], getattr(calls[m], "decode_attention", None))
+            | {"rounds": rounds} for m in calls]
     return rows, {m: outs[m] for m in calls}
 
 

@@ -40,14 +40,29 @@ def test_compiled_rows_name_the_compiled_steps_attention(model):
 
 def test_compare_alternates_and_rows_split_prefill_from_decode(model):
     order = []
-    times, out = measure.compare({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
-                                 repeats=3, warmup=1)
+    times, out, _ = measure.compare({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                                    repeats=3, warmup=1, pace_slack=None)
     assert order == ["a", "b"] * 4 and len(times["a"]) == len(times["b"]) == 3
     ids, mask = fg.make_batch(2, 6)
     row = measure.measure(model, ids, mask, "kv_cache", 6, repeats=3)
     assert row["q1_s"] <= row["median_s"] <= row["q3_s"] and row["ttft_ms"] > 0
     assert row["ms_per_step_q1"] <= row["ms_per_step"] <= row["ms_per_step_q3"]
     assert row["ms_per_step"] < 1e3 * row["median_s"] / 5  # decode per step excludes the prefill
+
+
+def test_compare_leaves_out_rounds_where_the_host_ran_slow(monkeypatch):
+    # the host's pace, read twice a round: round 2 ends slow, rounds 4 and 5 run slow throughout
+    paces = iter([1.0, 1.0, 1.0, 1.9, 1.0, 1.0, 1.8, 1.8, 1.7, 1.0] + [1.0] * 20)
+    monkeypatch.setattr(measure, "host_pace", lambda: next(paces))
+    calls = []
+    times, _, rounds = measure.compare({"a": lambda: calls.append(len(calls))}, repeats=4, warmup=0)
+    assert rounds == 7 and len(calls) == 7 and len(times["a"]) == 4  # 3 rounds left out, 3 more run
+    paces = iter([1.0, 1.0] + [2.0] * 100)  # slow from round 2 on: capped, the best-paced kept
+    times, _, rounds = measure.compare({"a": lambda: None}, repeats=3, warmup=0, max_rounds=5)
+    assert rounds == 5 and len(times["a"]) == 3
+    paces = iter([1.0, 3.0] * 10)  # pace_slack=None keeps every round
+    times, _, rounds = measure.compare({"a": lambda: None}, repeats=3, warmup=0, pace_slack=None)
+    assert rounds == 3 and len(times["a"]) == 3
 
 
 def test_fit_exponent_recovers_slopes():
