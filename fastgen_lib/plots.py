@@ -18,13 +18,22 @@ def footer(fig, cond, extra=""):
     parts = [str(cond.get("gpu", "")), f"torch {cond.get('torch', '')}",
              f"transformers {cond.get('transformers', '')}",
              str(cond.get("dtype", "")).replace("torch.", "")]
+    if isinstance(cond.get("weights"), str) and cond["weights"] != "?":
+        parts.append(f"{cond['weights']} weights")
     if isinstance(cond.get("alloc_conf"), str) and cond["alloc_conf"]:  # a CSV's empty cell reads back as NaN
         parts.append(f"PYTORCH_ALLOC_CONF={cond['alloc_conf']}")
     if cond.get("repeats") == cond.get("repeats") and cond.get("repeats") is not None:
         parts.append(f"prompt {cond.get('prompt_len')}, median of {cond['repeats']} runs after a warm-up")
-    fig.text(0.01, 0.005, " | ".join(p for p in parts if p) + (f" | {extra}" if extra else ""),
-             fontsize=8, color="0.35", ha="left", va="bottom")
-    fig.subplots_adjust(bottom=0.2)
+    parts = [p for p in parts if p] + ([extra] if extra else [])
+    width = int(fig.get_figwidth() * 15)  # characters of 8-point text that fit across the figure
+    lines = [parts[0]]
+    for p in parts[1:]:  # whole parts per line, " | " between them
+        if len(lines[-1]) + 3 + len(p) > width:
+            lines.append(p)
+        else:
+            lines[-1] += " | " + p
+    fig.text(0.01, 0.005, "\n".join(lines), fontsize=8, color="0.35", ha="left", va="bottom")
+    fig.subplots_adjust(bottom=0.2 + 0.04 * (len(lines) - 1))
     return fig
 
 
@@ -278,9 +287,9 @@ def step_bars(df, title, cond=None, ax=None, log="auto", note=True):
     x = np.arange(len(d))
     ax.bar(x, ms, yerr=err, color=[COLORS.get(m, "0.5") for m in d.method], capsize=3)
     top = np.fmax(ms, d.ms_per_step_q3.to_numpy(float))  # the label sits above the whisker
-    for i, (v, y) in enumerate(zip(ms, top)):
-        ax.text(i, y * 1.01, f"{v:.3f}" if v < 1 else f"{v:.2f}", ha="center", va="bottom",
-                fontsize=8)
+    for i, (v, y) in enumerate(zip(ms, top)):  # 3 points above the whisker's cap
+        ax.annotate(f"{v:.3f}" if v < 1 else f"{v:.2f}", (i, y), xytext=(0, 3),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, list(d.method), rotation=20, fontsize=8)
     if "floor_ms_per_step" in d and d.floor_ms_per_step.notna().any():
         ax.axhline(d.floor_ms_per_step.min(), color="k", ls="--", lw=1, label="bandwidth floor")
@@ -293,7 +302,8 @@ def step_bars(df, title, cond=None, ax=None, log="auto", note=True):
     ax.set_ylabel("decode ms per step", fontsize=9)
     ax.set_title(title, fontsize=10)
     if note:
-        footer(fig, cond if cond is not None else d, "whiskers q1-q3")
+        tokens = f"{d.max_new_tokens.iloc[0]} new tokens, " if "max_new_tokens" in d else ""
+        footer(fig, cond if cond is not None else d, f"{tokens}whiskers q1-q3")
     return fig
 
 
