@@ -37,3 +37,14 @@ def test_ab_attention_tool_runs_on_the_tiny_model():
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert [row["mode"] for row in rows] == ["one_query", "sdpa", "sdpa", "one_query"]
     assert all(row["call_ms"] > 0 and row["batch"] == 2 and row["new_tokens"] == 3 for row in rows)
+
+
+def test_probe_pace_runs_on_the_tiny_model(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "probe_pace.py"), str(tmp_path),
+                        "--seconds", "0.3"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import pandas as pd
+    df = pd.read_csv(tmp_path / "pace.csv")
+    assert set(df.phase) == set(range(6)) and (df.call_ms > 0).all() and (df.pace_ms > 0).all()
+    assert (tmp_path / "pace.png").stat().st_size > 0 and "r = " in r.stdout
