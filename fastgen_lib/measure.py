@@ -14,7 +14,7 @@ import transformers
 from .decoders import attention_of, generate
 
 BENCH_VERSION = 3  # bump when the timing method changes (2: alternated rounds, prefill apart, IQR;
-#                   3: rounds where the host ran slow left out, `compare`'s pace_slack)
+#                   3: rounds where the host ran slow left out: `compare`'s pace_slack)
 
 
 # --- conditions ------------------------------------------------------------------------------------------
@@ -52,9 +52,13 @@ def time_call(fn, repeats=10, warmup=1):
     return times["fn"], out["fn"]
 
 
+_BEST_PACE = [float("inf")]  # the host's best pace seen in this process (`host_pace`), seconds
+
+
 def host_pace(n=20_000):
-    """Seconds that a fixed piece of pure-Python work takes now (best of three): the host's pace.
-    An eager decoder is host-bound and runs at this pace; a shared host can halve it for seconds."""
+    """Seconds that a fixed piece of pure Python takes now (best of three): the host's pace.
+    An eager decoder is host-bound and runs at this pace; a shared host can halve it for
+    seconds. Keeps the best pace this process has seen: the reference for "full pace"."""
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
@@ -62,51 +66,60 @@ def host_pace(n=20_000):
         for i in range(n):
             total += i
         best = min(best, time.perf_counter() - t0)
+    _BEST_PACE[0] = min(_BEST_PACE[0], best)
     return best
 
 
-def at_full_pace(rounds, pace_slack):
-    """The rounds' times where the host ran within `pace_slack` of its fastest round's pace."""
-    best = min((pace for pace, _ in rounds), default=0.0)
-    return [t for pace, t in rounds if pace_slack is None or pace <= pace_slack * best]
-
-
-def compare(calls, repeats=10, warmup=1, pace_slack=1.2, max_rounds=None):
-    """The book's timing protocol. `calls` maps names to functions. Each is called `warmup` times
-    (compile, capture, lazy init), then rounds run every call once, in turn (A B C A B C ...), so
-    that a slow moment of the machine hits all methods alike. Each call is timed between two
-    synchronizations, with the garbage collector off. The host's pace is taken before and after
-    each round: a round that ran with the host over `pace_slack` times slower than at its best is
-    left out, and rounds go on until `repeats` ran at full pace (at most `max_rounds`, default
-    2 x repeats; then the `repeats` best-paced). `pace_slack=None` keeps every round.
-    Returns ({name: [seconds]}, {name: last result}, the number of rounds run)."""
+def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
+    """The book's timing protocol. `calls` maps names to functions. Each is called `warmup`
+    times (compile, capture, lazy init), then rounds run every call once, in turn (A B C A B C
+    ...), so that a slow moment of the machine hits all methods alike. Each call is timed
+    between two synchronizations, with the garbage collector off. The host's pace is taken
+    before and after each round: a round where the host ran over `pace_slack` times slower
+    than at its best in this process is left out, and rounds go on until `repeats` ran at
+    full pace (at most `max_rounds`, default 2 x repeats; then the `repeats` best-paced).
+    `pace_slack=None` keeps every round. Returns ({name: [seconds]}, {name: last result},
+    {"rounds": rounds run, "full_pace": whether `repeats` of them ran at full pace,
+    "pace_ratio": the kept rounds' median pace over the best})."""
+    if pace_slack is not None and pace_slack < 1:
+        raise ValueError(f"pace_slack={pace_slack}: a ratio to the best pace, >= 1 (or None)")
+    max_rounds = 2 * repeats if max_rounds is None else max_rounds
+    if repeats < 1 or max_rounds < repeats:
+        raise ValueError(f"repeats={repeats}, max_rounds={max_rounds}: need 1 <= repeats "
+                         f"<= max_rounds")
     out = {}
     for _ in range(warmup):
         for name, fn in calls.items():
             out[name] = fn()
     sync()
+
+    def full(rounds):  # the rounds where the host ran at full pace
+        return [r for r in rounds if pace_slack is None or r[0] <= pace_slack * _BEST_PACE[0]]
+
     rounds = []  # (the host's slower pace around the round, {name: seconds})
     enabled = gc.isenabled()
     gc.collect()
-    gc.disable()  # a collection inside a timed call would be charged to whichever method ran then
+    gc.disable()  # a collection in a timed call would be charged to whichever method ran then
     try:
-        while (len(at_full_pace(rounds, pace_slack)) < repeats
-               and len(rounds) < (max_rounds or 2 * repeats)):
-            pace = host_pace()
+        while len(full(rounds)) < repeats and len(rounds) < max_rounds:
+            pace = host_pace() if pace_slack else 0.0
             t = {}
             for name, fn in calls.items():
                 t0 = time.perf_counter()
                 out[name] = fn()
                 sync()  # host waits for the GPU here: the timer stops when the GPU has finished
                 t[name] = time.perf_counter() - t0
-            rounds.append((max(pace, host_pace()), t))
+            rounds.append((max(pace, host_pace()) if pace_slack else 0.0, t))
     finally:
         if enabled:
             gc.enable()
-    kept = at_full_pace(rounds, pace_slack)
+    kept = full(rounds)
     if len(kept) < repeats:  # the host never came back to full pace: its best-paced rounds
-        kept = [t for _, t in sorted(rounds, key=lambda r: r[0])[:repeats]]
-    return {name: [t[name] for t in kept] for name in calls}, out, len(rounds)
+        kept = sorted(rounds, key=lambda r: r[0])[:repeats]
+    ratio = float(np.median([p for p, _ in kept])) / _BEST_PACE[0] if pace_slack else np.nan
+    stats = {"rounds": len(rounds), "full_pace": len(full(rounds)) >= repeats,
+             "pace_ratio": ratio}
+    return {name: [t[name] for _, t in kept] for name in calls}, out, stats
 
 
 def spread(values):
@@ -143,10 +156,10 @@ def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1)
         timed[m] = c
         if max_new_tokens > 1:
             timed[f"{m}@1"] = lambda c=c: c(1)
-    times, outs, rounds = compare(timed, repeats, warmup)
+    times, outs, stats = compare(timed, repeats, warmup)
     rows = [_row(model, input_ids, max_new_tokens, m, times[m], times.get(f"{m}@1", times[m]),
-                 outs[m], first_s[m], getattr(calls[m], "decode_attention", None))
-            | {"rounds": rounds} for m in calls]
+                 outs[m], first_s[m], getattr(calls[m], "decode_attention", None)) | stats
+            for m in calls]
     return rows, {m: outs[m] for m in calls}
 
 

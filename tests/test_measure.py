@@ -51,18 +51,34 @@ def test_compare_alternates_and_rows_split_prefill_from_decode(model):
 
 
 def test_compare_leaves_out_rounds_where_the_host_ran_slow(monkeypatch):
-    # the host's pace, read twice a round: round 2 ends slow, rounds 4 and 5 run slow throughout
-    paces = iter([1.0, 1.0, 1.0, 1.9, 1.0, 1.0, 1.8, 1.8, 1.7, 1.0] + [1.0] * 20)
-    monkeypatch.setattr(measure, "host_pace", lambda: next(paces))
+    def paces(values):  # host_pace returns these, and keeps the process's best as the real one does
+        it = iter(values)
+
+        def pace():
+            p = next(it)
+            measure._BEST_PACE[0] = min(measure._BEST_PACE[0], p)
+            return p
+        monkeypatch.setattr(measure, "_BEST_PACE", [float("inf")])
+        monkeypatch.setattr(measure, "host_pace", pace)
+
+    # two readings a round: round 2 ends slow, rounds 4 and 5 run slow throughout
+    paces([1.0, 1.0, 1.0, 1.9, 1.0, 1.0, 1.8, 1.8, 1.7, 1.0] + [1.0] * 20)
     calls = []
-    times, _, rounds = measure.compare({"a": lambda: calls.append(len(calls))}, repeats=4, warmup=0)
-    assert rounds == 7 and len(calls) == 7 and len(times["a"]) == 4  # 3 rounds left out, 3 more run
-    paces = iter([1.0, 1.0] + [2.0] * 100)  # slow from round 2 on: capped, the best-paced kept
-    times, _, rounds = measure.compare({"a": lambda: None}, repeats=3, warmup=0, max_rounds=5)
-    assert rounds == 5 and len(times["a"]) == 3
-    paces = iter([1.0, 3.0] * 10)  # pace_slack=None keeps every round
-    times, _, rounds = measure.compare({"a": lambda: None}, repeats=3, warmup=0, pace_slack=None)
-    assert rounds == 3 and len(times["a"]) == 3
+    times, _, st = measure.compare({"a": lambda: calls.append(len(calls))}, repeats=4, warmup=0)
+    assert st == {"rounds": 7, "full_pace": True, "pace_ratio": 1.0}
+    assert len(calls) == 7 and len(times["a"]) == 4  # 3 rounds left out, 3 more run
+    # slow from the first round: the process's best pace, seen earlier, is the reference
+    paces([1.0] + [1.6] * 100)
+    measure.host_pace()
+    times, _, st = measure.compare({"a": lambda: None}, repeats=3, warmup=0, max_rounds=5)
+    assert st["rounds"] == 5 and not st["full_pace"] and len(times["a"]) == 3  # the cap: best-paced
+    assert st["pace_ratio"] == pytest.approx(1.6)
+    paces([])  # pace_slack=None keeps every round and reads no pace (an empty list: none to read)
+    times, _, st = measure.compare({"a": lambda: None}, repeats=3, warmup=0, pace_slack=None)
+    assert st["rounds"] == 3 and len(times["a"]) == 3
+    for bad in ({"pace_slack": 0.9}, {"max_rounds": 2}, {"repeats": 0}):
+        with pytest.raises(ValueError):
+            measure.compare({"a": lambda: None}, **{"repeats": 3, **bad})
 
 
 def test_fit_exponent_recovers_slopes():
