@@ -151,8 +151,8 @@ def _pretrained(strict):
     global _NOTICE_SHOWN
     if not _NOTICE_SHOWN:  # once per process: a notebook loads the model in several cells
         _NOTICE_SHOWN = True
-        print("Note: the gpt2 checkpoint is not available here, so GPT-2 124M runs with random\n"
-              "weights: the real model's speed (same shapes, same kernels), gibberish text.")
+        print("Note: the gpt2 checkpoint is not available here, so GPT-2 124M runs with random "
+              "weights:\nthe real model's speed (same shapes, same kernels), gibberish text.")
     return None
 
 
