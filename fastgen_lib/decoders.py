@@ -74,7 +74,7 @@ def attention_of(model, decoder, decode_attention="auto"):
     """The attention that `decoder`'s decode steps run: GraphStep's choice (`attention_choice`), or
     the model's own for the eager steps and `model.generate`. Every result row records it."""
     if decoder == "fused":
-        return "fused"  # its own Triton kernel (fused.one_query_attention)
+        return "fused"  # its own Triton kernel (fused.attention)
     if decoder in DECODERS and DECODERS[decoder][0] is GraphStep:
         return attention_choice(model.dtype, decode_attention)
     return model.config._attn_implementation

@@ -1,18 +1,23 @@
-"""A fused GPT-2 decode step in Triton (issue 14 groundwork): one new token per row, B rows (1..32), a
+"""A fused GPT-2 decode step in Triton (chapter 9): one new token per row, B rows (1..32), a
 StaticCache of L slots. Per layer, five kernels (gpt-fast style: small, shapes in comments):
 
-    qkv = ln_gemv(h, ln_1, c_attn)                     LayerNorm fused into x @ W + b     [B, 3E]
-    (torch glue: k, v into the cache at the step's column)
-    a   = one_query_attention(q, K, V, mask)           one query per (row, head)          [B, H, D]
-    h   = gemv_bias_residual(a, c_proj, h)             x @ W + b + residual               [B, E]
-    m   = ln_gemv(h, ln_2, c_fc, gelu=True)            LayerNorm, x @ W + b, GELU (tanh)  [B, 4E]
-    h   = gemv_bias_residual(m, mlp.c_proj, h)                                            [B, E]
+    q   = gemv(h, c_attn, ln=ln_1, qkv=cache)    LayerNorm folded in; K, V into the cache  [B, E]
+    a   = attention(q, K, V, mask, col)          one query per (row, head), used slots only [B, E]
+    h   = gemv(a, attn.c_proj, residual=h)       x @ W + b + residual                      [B, E]
+    m   = gemv(h, c_fc, ln=ln_2, gelu=True)      LayerNorm folded in, GELU (tanh) after    [B, 4E]
+    h   = gemv(m, mlp.c_proj, residual=h)                                                  [B, E]
 
-`fused_forward` chains them for GPT2LMHeadModel (embeddings, final LayerNorm and lm_head stay in torch);
-`FusedStep` is the step backend on the seam (`decoders.decode(..., FusedStep, stops.interleaved)`).
-Every kernel takes float32 or bfloat16 and accumulates in float32 (float32 dots in IEEE precision, never
-TF32, so float32 logits match the eager model's).
-Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU tensors.
+then one more `gemv` for ln_f + lm_head (float32 logits) and, under greedy decoding, one kernel for
+the whole token choice (`greedy_tail`): 62 kernels a step, plus the embedding's three torch ops.
+
+The GEMV splits K over several programs when a matrix has too few column tiles to fill the GPU; the
+last program of a column tile to finish (an atomic counter) sums the partial sums, in a fixed order,
+and applies the epilogue. LayerNorm is folded into the GEMV: with mean mu, 1/std r, weight g, bias
+beta, LN(x) @ W + b = r * (sum_k x_k g_k W_kn - mu * c_n) + d_n, where c = g @ W and
+d = beta @ W + b are computed once per model (`fold_layernorms`): no pass over x before the GEMV.
+Every kernel takes float32 or bfloat16 and accumulates in float32 (float32 dots in IEEE precision,
+never TF32). Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU
+tensors (the tests).
 """
 import math
 import os
@@ -25,241 +30,451 @@ from .steps import GraphStep, choose
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on the CPU (numpy)
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))  # a global a kernel reads: constexpr
+PROGRAMS_PER_SM = 4  # a GEMV splits K until it has about this many programs per SM
+LOCKS = 8192  # counters for the split-K reductions: one per column tile (each kernel resets its own)
 
 
-
-
-# --- x @ W + b, with an optional LayerNorm before, GELU or a residual after -------------------------------
+# --- x @ W + b: split along K, LayerNorm folded in, GELU, a residual or the KV cache after ----------
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, lnw_ptr, lnb_ptr,
-                 B, K, N, eps,
-                 stride_xb, stride_wk, stride_wn, stride_rb, stride_yb,
-                 HAS_LN: tl.constexpr, GELU: tl.constexpr, HAS_RESIDUAL: tl.constexpr, DOT_F32: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # x [B, K], W [K, N] (Conv1D's layout: [in, out]), b [N], residual [B, N] -> y [B, N].
-    # Program (n, m) computes the tile y[m*BLOCK_M : +BLOCK_M, n*BLOCK_N : +BLOCK_N], looping over K.
-    # With HAS_LN, x is first LayerNorm'd over K (weight lnw [K], bias lnb [K]): each program recomputes
-    # its rows' mean and variance (B*K reads, cheap next to the K*BLOCK_N weights it streams).
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock_ptr,
+                 k_ptr, v_ptr, col_ptr, emb_ptr, pe_ptr, tok_ptr, pos_ptr, top_ptr, top_i_ptr,
+                 B, K, N, eps, D,
+                 stride_xb, stride_wk, stride_wn, stride_yb, stride_rb,
+                 stride_cb, stride_ch, stride_cs, stride_eb, stride_tb, stride_pb,
+                 LN: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
+                 QKV: tl.constexpr, EMBED: tl.constexpr, ARGMAX: tl.constexpr,
+                 SPLIT: tl.constexpr, K_CHUNK: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT_F32: tl.constexpr):
+    # x [B, K] @ W [K, N] (any strides: Conv1D's [in, out], or lm_head's [out, in] transposed).
+    # Program (n, s, m): rows m*BLOCK_M.., columns n*BLOCK_N.., and the s-th K_CHUNK rows of W.
     pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                         # [BLOCK_M]
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                         # [BLOCK_N]
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                       # [BLOCK_M]
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                       # [BLOCK_N]
     row_ok = rows < B
     col_ok = cols < N
-    x_rows = x_ptr + rows[:, None] * stride_xb                             # [BLOCK_M, 1]
-
-    if HAS_LN:
-        # two passes over x, as torch's layer_norm: the mean, then the variance around it (float32)
-        acc_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks[None, :] < K), other=0.0)
-            acc_sum += tl.sum(x.to(tl.float32), axis=1)
-        mean = acc_sum / K                                                 # [BLOCK_M]
-        acc_var = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            ok = row_ok[:, None] & (ks[None, :] < K)
-            x = tl.load(x_rows + ks[None, :], mask=ok, other=0.0).to(tl.float32)
-            d = tl.where(ok, x - mean[:, None], 0.0)
-            acc_var += tl.sum(d * d, axis=1)
-        rstd = 1.0 / tl.sqrt(acc_var / K + eps)                            # [BLOCK_M]
+    x_rows = x_ptr + rows[:, None] * stride_xb                           # [BLOCK_M, 1]
+    if EMBED:  # x = wte[tok] + wpe[pos], the step's embedding, also written to x (the residual)
+        e_rows = emb_ptr + tl.load(tok_ptr + rows * stride_tb, mask=row_ok, other=0) * stride_eb
+        p_rows = pe_ptr + tl.load(pos_ptr + rows * stride_pb, mask=row_ok, other=0) * stride_eb
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)                                    # [BLOCK_K]
+    acc1 = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)  # one row: products, summed after the loop
+    s1 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)    # LayerNorm: sum of x and of x^2
+    s2 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(pid_s * K_CHUNK, tl.minimum(pid_s * K_CHUNK + K_CHUNK, K), BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)                                  # [BLOCK_K]
         k_ok = ks < K
-        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if HAS_LN:
-            lnw = tl.load(lnw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            lnb = tl.load(lnb_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            xn = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
-            x = xn.to(w_ptr.dtype.element_ty)  # rounded like the model's LayerNorm output (bfloat16)
+        x_ok = row_ok[:, None] & k_ok[None, :]
+        if EMBED:
+            x = (tl.load(e_rows[:, None] + ks[None, :], mask=x_ok, other=0.0).to(tl.float32)
+                 + tl.load(p_rows[:, None] + ks[None, :], mask=x_ok, other=0.0).to(tl.float32))
+            x = x.to(x_ptr.dtype.element_ty)  # rounded once, as torch adds in the model's dtype
+            if pid_n == 0:
+                tl.store(x_rows + ks[None, :], x, mask=x_ok)
+        else:
+            x = tl.load(x_rows + ks[None, :], mask=x_ok, other=0.0)
+        if LN:  # x * g here; the mean and 1/std are applied once, after the sum over K
+            xf = x.to(tl.float32)
+            s1 += xf
+            s2 += xf * xf
+            g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+            x = (xf * g[None, :]).to(w_ptr.dtype.element_ty)
         w = tl.load(w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                    mask=k_ok[:, None] & col_ok[None, :], other=0.0)       # [BLOCK_K, BLOCK_N]
-        if DOT_F32:  # the CPU interpreter's dot multiplies bfloat16's raw bits: upcast (exact products)
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(x, w, acc, input_precision="ieee")                    # [BLOCK_M, BLOCK_N] float32
+                    mask=k_ok[:, None] & col_ok[None, :], other=0.0)     # [BLOCK_K, BLOCK_N]
+        if BLOCK_M == 1:  # one row: a broadcast multiply, no padded dot, no reduction yet
+            xk = tl.sum(x.to(tl.float32), axis=0)                        # [BLOCK_K]
+            acc1 += xk[:, None] * w.to(tl.float32)
+        else:
+            if DOT_F32:  # the CPU interpreter's dot multiplies bfloat16's raw bits: upcast
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(x, w, acc, input_precision="ieee")              # [BLOCK_M, BLOCK_N]
+    if BLOCK_M == 1:
+        acc = tl.sum(acc1, axis=0)[None, :]  # across threads, once
+    if LN:
+        sum1 = tl.sum(s1, axis=1)                                        # [BLOCK_M]
+        sum2 = tl.sum(s2, axis=1)
 
-    acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if GELU:
-        # GPT-2's gelu_new: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
-        # and 1 + tanh(u) = 2 sigmoid(2u)
-        u = SQRT_2_OVER_PI * (acc + 0.044715 * acc * acc * acc)
-        acc = acc * tl.sigmoid(2.0 * u)
     out_ok = row_ok[:, None] & col_ok[None, :]
-    if HAS_RESIDUAL:
-        r = tl.load(r_ptr + rows[:, None] * stride_rb + cols[None, :], mask=out_ok, other=0.0)
-        acc += r.to(tl.float32)
-    tl.store(y_ptr + rows[:, None] * stride_yb + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+    last = True
+    if SPLIT > 1:  # leave the partial sums; the tile's last program to arrive adds them all up
+        part = part_ptr + rows[:, None] * N + cols[None, :]
+        stat = part_ptr + SPLIT * B * N + (pid_n * SPLIT * B + rows) * 2   # [BLOCK_M]
+        tl.store(part + pid_s * B * N, acc, mask=out_ok)
+        if LN:
+            tl.store(stat + pid_s * B * 2, sum1, mask=row_ok)
+            tl.store(stat + pid_s * B * 2 + 1, sum2, mask=row_ok)
+        tl.debug_barrier()  # every thread's store is issued before the counter moves
+        lock = lock_ptr + pid_m * tl.num_programs(0) + pid_n
+        last = tl.atomic_add(lock, 1, sem="acq_rel") == SPLIT - 1
+    if last:
+        if SPLIT > 1:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            sum1 = tl.zeros([BLOCK_M], dtype=tl.float32)
+            sum2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for s in tl.static_range(SPLIT):  # in a fixed order, whoever came last; unrolled
+                acc += tl.load(part + s * B * N, mask=out_ok, other=0.0, cache_modifier=".cg")
+                if LN:
+                    sum1 += tl.load(stat + s * B * 2, mask=row_ok, other=0.0, cache_modifier=".cg")
+                    sum2 += tl.load(stat + s * B * 2 + 1, mask=row_ok, other=0.0,
+                                    cache_modifier=".cg")
+            tl.atomic_xchg(lock, 0)  # ready for the next kernel
+        if LN:  # LN(x) @ W + b = r * (x*g @ W - mu * c) + d, with c = g @ W, d = beta @ W + b
+            mean = sum1 / K
+            rstd = 1.0 / tl.sqrt(tl.maximum(sum2 / K - mean * mean, 0.0) + eps)
+            c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)
+            acc = rstd[:, None] * (acc - mean[:, None] * c[None, :])
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if GELU:  # GPT-2's gelu_new: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi)(x + .044715x^3)
+            acc = acc * tl.sigmoid(2.0 * SQRT_2_OVER_PI * (acc + 0.044715 * acc * acc * acc))
+        if RESIDUAL:  # (may be y itself: each element is read, then written, by this program only)
+            r = tl.load(r_ptr + rows[:, None] * stride_rb + cols[None, :], mask=out_ok, other=0.0)
+            acc += r.to(tl.float32)
+        out = acc.to(y_ptr.dtype.element_ty)
+        if QKV:  # columns [q | k | v], E each: q into y [B, E], k and v into the cache at `col`
+            E = N // 3
+            part_ix = cols // E                                          # 0 q, 1 k, 2 v
+            j = cols % E
+            cache = rows[:, None] * stride_cb + (j // D)[None, :] * stride_ch + (j % D)[None, :]
+            cache += tl.load(col_ptr) * stride_cs
+            tl.store(y_ptr + rows[:, None] * stride_yb + j[None, :], out,
+                     mask=out_ok & (part_ix == 0)[None, :])
+            tl.store(k_ptr + cache, out, mask=out_ok & (part_ix == 1)[None, :])
+            tl.store(v_ptr + cache, out, mask=out_ok & (part_ix == 2)[None, :])
+        else:
+            tl.store(y_ptr + rows[:, None] * stride_yb + cols[None, :], out, mask=out_ok)
+        if ARGMAX:  # each row's largest value in this tile and its first column: for greedy_tail
+            vals = tl.where(out_ok, out.to(tl.float32), float("-inf"))
+            top = tl.max(vals, axis=1)                                   # [BLOCK_M]
+            first = tl.min(tl.where(vals == top[:, None], cols[None, :], N), axis=1)
+            tiles = tl.num_programs(0)
+            tl.store(top_ptr + rows * tiles + pid_n, top, mask=row_ok)
+            tl.store(top_i_ptr + rows * tiles + pid_n, first, mask=row_ok)
 
 
-def _gemv(x, weight, bias, residual=None, ln_weight=None, ln_bias=None, eps=1e-5, gelu=False,
-          block_n=None, block_k=128, num_warps=None):
-    """x [B, K] @ weight [K, N] + bias [N] (then GELU, or + residual [B, N]) -> a new [B, N] in x's dtype;
-    with ln_weight/ln_bias [K], x is LayerNorm'd (eps) first. Rows and the weight may be strided views
-    (the last dimension of x, residual and bias contiguous)."""
+def sm_count(device):
+    """Streaming multiprocessors of `device` (4 on a CPU under the interpreter: small splits)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def gemv_tiles(B, K, N, device, block_n=64, block_k=64, programs_per_sm=PROGRAMS_PER_SM):
+    """(block_m, block_n, block_k, split, k_chunk) for x [B, K] @ W [K, N]: one row per program at
+    batch 1, else a padded tl.dot (16 or 32 rows); K split into `split` chunks of `k_chunk` rows
+    (a multiple of block_k) until there are about `programs_per_sm` programs per SM."""
+    block_m = 1 if B == 1 else 16 if B <= 16 else 32
+    block_k = min(block_k, triton.next_power_of_2(K))
+    tiles = triton.cdiv(N, block_n) * triton.cdiv(B, block_m)
+    split = min(triton.cdiv(programs_per_sm * sm_count(device), tiles), triton.cdiv(K, block_k))
+    k_chunk = triton.cdiv(triton.cdiv(K, max(split, 1)), block_k) * block_k
+    return block_m, block_n, block_k, triton.cdiv(K, k_chunk), k_chunk
+
+
+def scratch_size(B, K, N, device, **tiles):
+    """Floats of split-K scratch that `gemv` needs for x [B, K] @ W [K, N]: the partial sums and,
+    per column tile, the partial LayerNorm sums."""
+    _, bn, _, split, _ = gemv_tiles(B, K, N, device, **tiles)
+    return split * B * (N + 2 * triton.cdiv(N, bn)) if split > 1 else 1
+
+
+def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
+         argmax=None, out=None, scratch=None, block_n=64, block_k=64,
+         programs_per_sm=PROGRAMS_PER_SM, num_warps=4):
+    """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
+    with gelu=True, or + residual [B, N] (which may be `out` itself).
+    ln=(g, c, d, eps): x is LayerNorm'd first (weight g [K]), folded in: c = g @ weight and
+    d = beta @ weight + bias, float32 [N], from `fold_layernorm` (bias is then unused).
+    qkv=(keys, values, col): the columns are [q | k | v]; q goes to the result [B, N/3], k and v into
+    the cache [B, H, L, D] at column `col` (a 0-d tensor).
+    embed=(wte, wpe, tok, pos): x is wte[tok] + wpe[pos] (tok, pos [B, 1]), also written into x.
+    argmax=(top, top_i) float32 and int32 [B, N / block_n]: each row's largest value per column tile
+    and its first column. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
+    [LOCKS], buffers for the split, made per call when None."""
     B, K = x.shape
     K2, N = weight.shape
     assert K == K2 and bias.shape == (N,), (x.shape, weight.shape, bias.shape)
     assert x.stride(-1) == 1 and bias.is_contiguous()
-    y = torch.empty(B, N, dtype=x.dtype, device=x.device)
-    r = residual if residual is not None else y  # (unread without HAS_RESIDUAL)
-    if residual is not None:
-        assert residual.shape == (B, N) and residual.stride(-1) == 1
-    lnw = ln_weight if ln_weight is not None else bias  # (unread without HAS_LN)
-    lnb = ln_bias if ln_bias is not None else bias
-    block_m = 16 if B <= 16 else 32  # tl.dot wants every side >= 16: rows past B are masked
-    # tiles from tools/tune_fused.py (results/h200/fused/tune.csv): narrow column tiles at small
-    # batch, so that even a 768-column projection spreads over 48 programs
-    if block_n is None:
-        block_n = 16 if B <= 16 else 64 if weight.dtype == torch.float32 else 32
-    if num_warps is None:
-        num_warps = 4 if B <= 16 else 8
-    grid = (triton.cdiv(N, block_n), triton.cdiv(B, block_m))
-    _gemv_kernel[grid](x, weight, bias, r, y, lnw, lnb, B, K, N, eps,
-                       x.stride(0), weight.stride(0), weight.stride(1), r.stride(0), y.stride(0),
-                       HAS_LN=ln_weight is not None, GELU=gelu, HAS_RESIDUAL=residual is not None,
-                       DOT_F32=INTERPRET and weight.dtype != torch.float32,
-                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    bm, bn, bk, split, k_chunk = gemv_tiles(B, K, N, x.device, block_n, block_k, programs_per_sm)
+    n_out = N // 3 if qkv is not None else N
+    y = out if out is not None else torch.empty(B, n_out, dtype=x.dtype, device=x.device)
+    assert y.shape == (B, n_out) and y.stride(-1) == 1
+    need = scratch_size(B, K, N, x.device, block_n=bn, block_k=block_k,
+                        programs_per_sm=programs_per_sm)
+    if scratch is None:
+        scratch = (torch.empty(need, dtype=torch.float32, device=x.device),
+                   torch.zeros(LOCKS, dtype=torch.int32, device=x.device))
+    part, locks = scratch
+    assert part.numel() >= need, "scratch partials too small"
+    assert triton.cdiv(N, bn) * triton.cdiv(B, bm) <= locks.numel()
+    g, c, d, eps = ln if ln is not None else (bias, bias, bias, 0.0)
+    r = residual if residual is not None else y
+    assert residual is None or (residual.shape == (B, N) and residual.stride(-1) == 1)
+    keys, values, col = qkv if qkv is not None else (y, y, locks)
+    D = keys.shape[-1] if qkv is not None else 1
+    assert qkv is None or (keys.stride() == values.stride() and keys.shape[1] * D == N // 3)
+    wte, wpe, tok, pos = embed if embed is not None else (y, y, locks, locks)
+    assert embed is None or wte.stride() == wpe.stride()
+    top, top_i = argmax if argmax is not None else (y, locks)
+    assert argmax is None or top.shape == top_i.shape == (B, triton.cdiv(N, bn))
+    grid = (triton.cdiv(N, bn), split, triton.cdiv(B, bm))
+    _gemv_kernel[grid](
+        x, weight, d if ln is not None else bias, y, g, c, r, part, locks, keys, values, col,
+        wte, wpe, tok, pos, top, top_i,
+        B, K, N, eps, D,
+        x.stride(0), weight.stride(0), weight.stride(1), y.stride(0), r.stride(0),
+        keys.stride(0), keys.stride(1) if qkv is not None else 0,
+        keys.stride(2) if qkv is not None else 0, wte.stride(0), tok.stride(0), pos.stride(0),
+        LN=ln is not None, GELU=gelu, RESIDUAL=residual is not None, QKV=qkv is not None,
+        EMBED=embed is not None, ARGMAX=argmax is not None,
+        SPLIT=split, K_CHUNK=k_chunk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        DOT_F32=INTERPRET and weight.dtype != torch.float32, num_warps=num_warps)
     return y
 
 
-def ln_gemv(x, ln_weight, ln_bias, eps, weight, bias, gelu=False, **blocks):
-    """layer_norm(x [B, K], (K,), ln_weight, ln_bias, eps) @ weight [K, N] + bias [N] -> [B, N]
-    (GELU after, tanh approximation, with gelu=True: GPT-2's MLP input)."""
-    return _gemv(x, weight, bias, ln_weight=ln_weight, ln_bias=ln_bias, eps=eps, gelu=gelu, **blocks)
+def fold_layernorm(ln, weight, bias=None):
+    """(g, c, d, eps) for `gemv(..., ln=...)`: LayerNorm module `ln` before x @ weight [K, N] + bias:
+    c = g @ weight and d = beta @ weight + bias, in float32."""
+    w = weight.float()
+    c = ln.weight.float() @ w
+    d = ln.bias.float() @ w + (bias.float() if bias is not None else 0.0)
+    return ln.weight, c.contiguous(), d.contiguous(), ln.eps
 
 
-def gemv_bias_residual(x, weight, bias, residual, **blocks):
-    """x [B, K] @ weight [K, N] + bias [N] + residual [B, N] -> [B, N]."""
-    return _gemv(x, weight, bias, residual=residual, **blocks)
+def fold_layernorms(model):
+    """Every LayerNorm of GPT2LMHeadModel `model` folded into the GEMV after it: per block (ln_1 into
+    c_attn, ln_2 into c_fc), then ln_f into lm_head (with its bias, if `set_eos_bias` gave it one).
+    Made once per model (a few ms)."""
+    tr = model.transformer
+    folds = [(fold_layernorm(b.ln_1, b.attn.c_attn.weight, b.attn.c_attn.bias),
+              fold_layernorm(b.ln_2, b.mlp.c_fc.weight, b.mlp.c_fc.bias)) for b in tr.h]
+    return folds, fold_layernorm(tr.ln_f, model.lm_head.weight.t(), model.lm_head.bias)
 
 
-def gemv_bias_gelu(x, weight, bias, **blocks):
-    """gelu_tanh(x [B, K] @ weight [K, N] + bias [N]) -> [B, N]."""
-    return _gemv(x, weight, bias, gelu=True, **blocks)
-
-
-# --- attention of one query token over the whole static cache ---------------------------------------------
+# --- attention of one query token over the used slots of the static cache -------------------------------
 
 @triton.jit
-def _one_query_attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr,
-                                H, S, D, scale,
-                                stride_qb, stride_qh,
-                                stride_kb, stride_kh, stride_ks,
-                                stride_vb, stride_vh, stride_vs,
-                                stride_mb, stride_ob, stride_oh,
-                                BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    # q [B, H, D], K/V [B, H, S, D] (the cache), mask [B, S] (nonzero = attend) -> o [B, H, D].
-    # One program per (b, h): an online softmax (float32) over S in blocks of BLOCK_S keys.
+def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock_ptr,
+                      H, S, D, scale,
+                      stride_qb, stride_kb, stride_kh, stride_ks, stride_mb, stride_ob,
+                      HAS_COL: tl.constexpr, SPLITS: tl.constexpr,
+                      BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    # q [B, H*D], K/V [B, H, S, D] (the cache), mask [B, S] (nonzero = attend) -> o [B, H*D].
+    # Program (b*H + h, s) takes keys s*BLOCK_S.. up to column `col` (the later slots are unused):
+    # a softmax over its block (float32), left as (max, sum, weighted values); the last program
+    # of (b, h) to finish combines the blocks, as flash-decoding does.
     pid = tl.program_id(0)
+    sid = tl.program_id(1)
     b = pid // H
     h = pid % H
-    ds = tl.arange(0, BLOCK_D)
-    d_ok = ds < D
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + ds, mask=d_ok, other=0.0).to(tl.float32)
-    k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_vb + h * stride_vh
-    m_i = tl.full([], -1.0e30, tl.float32)  # running max: finite, so an all-masked block gives 0, not NaN
-    l_i = tl.full([], 0.0, tl.float32)      # running sum of exp(score - m_i)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        ss = s0 + tl.arange(0, BLOCK_S)                                    # [BLOCK_S]
-        s_ok = ss < S
+    n_keys = tl.load(col_ptr) + 1 if HAS_COL else S
+    n_blocks = tl.cdiv(n_keys, BLOCK_S)
+    if sid < n_blocks:
+        ds = tl.arange(0, BLOCK_D)
+        d_ok = ds < D
+        q = tl.load(q_ptr + b * stride_qb + h * D + ds, mask=d_ok, other=0.0).to(tl.float32)
+        ss = sid * BLOCK_S + tl.arange(0, BLOCK_S)                         # [BLOCK_S]
+        s_ok = ss < n_keys
         keep = (tl.load(m_ptr + b * stride_mb + ss, mask=s_ok, other=0) != 0) & s_ok
+        kv = b * stride_kb + h * stride_kh + ss[:, None] * stride_ks + ds[None, :]
         kv_ok = s_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + ss[:, None] * stride_ks + ds[None, :], mask=kv_ok, other=0.0)
-        scores = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale     # [BLOCK_S]
-        scores = tl.where(keep, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.where(keep, tl.exp(scores - m_new), 0.0)                   # [BLOCK_S]
-        v = tl.load(v_base + ss[:, None] * stride_vs + ds[None, :], mask=kv_ok, other=0.0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)  # [BLOCK_D]
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        m_i = m_new
-    out = acc / l_i  # a row with no key to attend gives NaN, as softmax over all -inf does
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + ds, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+        k = tl.load(k_ptr + kv, mask=kv_ok, other=0.0).to(tl.float32)
+        scores = tl.where(keep, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m = tl.maximum(tl.max(scores, axis=0), -1.0e30)  # finite: a masked block weighs 0, no NaN
+        p = tl.where(keep, tl.exp(scores - m), 0.0)                         # [BLOCK_S]
+        v = tl.load(v_ptr + kv, mask=kv_ok, other=0.0).to(tl.float32)
+        acc = tl.sum(p[:, None] * v, axis=0)                                # [BLOCK_D]
+        l = tl.sum(p, axis=0)
+        if SPLITS > 1:
+            part = part_ptr + pid * SPLITS * (BLOCK_D + 2)                  # this (b, h)'s blocks
+            tl.store(part + sid * (BLOCK_D + 2) + ds, acc)
+            tl.store(part + sid * (BLOCK_D + 2) + BLOCK_D, m)
+            tl.store(part + sid * (BLOCK_D + 2) + BLOCK_D + 1, l)
+            tl.debug_barrier()
+            if tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel") == n_blocks - 1:
+                bs = tl.arange(0, SPLITS)
+                b_ok = bs < n_blocks
+                ms = tl.load(part + bs * (BLOCK_D + 2) + BLOCK_D, mask=b_ok, other=-1.0e30,
+                             cache_modifier=".cg")
+                ls = tl.load(part + bs * (BLOCK_D + 2) + BLOCK_D + 1, mask=b_ok, other=0.0,
+                             cache_modifier=".cg")
+                accs = tl.load(part + bs[:, None] * (BLOCK_D + 2) + ds[None, :],
+                               mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
+                wts = tl.exp(ms - tl.max(ms, axis=0))                        # [SPLITS]
+                acc = tl.sum(wts[:, None] * accs, axis=0)
+                l = tl.sum(wts * ls, axis=0)
+                tl.store(o_ptr + b * stride_ob + h * D + ds, (acc / l).to(o_ptr.dtype.element_ty),
+                         mask=d_ok)
+                tl.atomic_xchg(lock_ptr + pid, 0)
+        else:  # one block: no key to attend gives NaN, as softmax over all -inf does
+            tl.store(o_ptr + b * stride_ob + h * D + ds, (acc / l).to(o_ptr.dtype.element_ty),
+                     mask=d_ok)
 
 
-def one_query_attention(q, keys, values, mask, scale=None, block_s=64):
-    """softmax(q . K^T * scale, masked) @ V for one query token per row and head: q [B, H, D],
-    keys/values [B, H, S, D], mask [B, S] (bool or int, True/nonzero = attend; left padding and unused
-    cache slots False) -> a new [B, H, D] in values' dtype. scale defaults to D ** -0.5."""
-    B, H, D = q.shape
-    S = keys.shape[2]
-    assert keys.shape == values.shape == (B, H, S, D) and mask.shape == (B, S), \
+def attention_blocks(S, block_s=32, max_splits=64):
+    """(block_s, splits): keys per program and programs per (row, head) for a cache of S slots."""
+    block_s = max(block_s, triton.next_power_of_2(triton.cdiv(S, max_splits)))
+    return block_s, triton.next_power_of_2(triton.cdiv(S, block_s))
+
+
+def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=None, block_s=32,
+              num_warps=2):
+    """softmax(q . K^T * scale, masked) @ V for one query token per row and head: q [B, H*D],
+    keys/values [B, H, S, D], mask [B, S] (bool or int, nonzero = attend) -> [B, H*D] in values'
+    dtype (or into `out`). With `col` (0-d tensor), only slots 0..col are read: the later ones are
+    unused. scale defaults to D ** -0.5. scratch=(partials, locks), as `gemv`'s: float32
+    [>= B*H*splits*(D+2)] and int32 zeros [>= B*H]."""
+    B, H, S, D = keys.shape
+    assert q.shape == (B, H * D) and values.shape == keys.shape and mask.shape == (B, S), \
         (q.shape, keys.shape, values.shape, mask.shape)
-    assert q.stride(-1) == keys.stride(-1) == values.stride(-1) == 1
+    assert q.stride(-1) == 1 and keys.stride() == values.stride() and keys.stride(-1) == 1
     if mask.dtype == torch.bool:
         mask = mask.view(torch.uint8)  # same bytes, no copy
     assert mask.stride(-1) == 1
-    scale = D ** -0.5 if scale is None else scale
-    o = torch.empty(B, H, D, dtype=values.dtype, device=values.device)
-    _one_query_attention_kernel[(B * H,)](
-        q, keys, values, mask, o, H, S, D, scale,
-        q.stride(0), q.stride(1),
-        keys.stride(0), keys.stride(1), keys.stride(2),
-        values.stride(0), values.stride(1), values.stride(2),
-        mask.stride(0), o.stride(0), o.stride(1),
-        BLOCK_S=block_s, BLOCK_D=triton.next_power_of_2(D))
+    block_s, splits = attention_blocks(S, block_s)
+    block_d = triton.next_power_of_2(D)
+    if scratch is None:
+        scratch = (torch.empty(B * H * splits * (block_d + 2), device=q.device),
+                   torch.zeros(B * H, dtype=torch.int32, device=q.device))
+    assert scratch[0].numel() >= B * H * splits * (block_d + 2) and scratch[1].numel() >= B * H
+    o = out if out is not None else torch.empty(B, H * D, dtype=values.dtype, device=values.device)
+    _attention_kernel[(B * H, splits)](
+        q, keys, values, mask, o, col if col is not None else mask, *scratch, H, S, D,
+        D ** -0.5 if scale is None else scale,
+        q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), mask.stride(0), o.stride(0),
+        HAS_COL=col is not None, SPLITS=splits, BLOCK_S=block_s, BLOCK_D=block_d,
+        num_warps=num_warps)
     return o
+
+
+# --- the token choice: argmax, padding, EOS, the step's writes, "all finished" -------------------------
+
+@triton.jit
+def _greedy_tail_kernel(val_ptr, idx_ptr, fin_ptr, pad_ptr, eos_ptr, out_ptr, tok_ptr, pos_ptr,
+                        col_ptr, done_ptr, lock_ptr, B, V, N_EOS, stride_vb, stride_ob,
+                        HAS_IDX: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_B: tl.constexpr):
+    # One program per row: the first index of the row's largest value (torch.argmax's choice), then
+    # `choose` and `decode_step`'s writes. The last row to finish sets done and col += 1.
+    # HAS_IDX: the values are per-tile maxima, with their indices in idx_ptr (gemv's argmax).
+    b = tl.program_id(0)
+    best = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    best_i = tl.zeros([BLOCK_V], dtype=tl.int32)
+    for v0 in range(0, V, BLOCK_V):
+        vs = v0 + tl.arange(0, BLOCK_V)
+        x = tl.load(val_ptr + b * stride_vb + vs, mask=vs < V, other=float("-inf"))
+        if HAS_IDX:
+            i = tl.load(idx_ptr + b * stride_vb + vs, mask=vs < V, other=0)
+        else:
+            i = vs
+        better = x > best  # strictly: an earlier index keeps a tie
+        best = tl.where(better, x, best)
+        best_i = tl.where(better, i, best_i)
+    top = tl.max(best, axis=0)
+    nxt = tl.min(tl.where(best == top, best_i, 2147483647), axis=0).to(tl.int64)
+    fin = tl.load(fin_ptr + b) != 0
+    nxt = tl.where(fin, tl.load(pad_ptr), nxt)
+    for e in range(N_EOS):
+        fin = fin | (nxt == tl.load(eos_ptr + e))
+    col = tl.load(col_ptr)                    # the column of the token this step read
+    tl.store(fin_ptr + b, fin.to(tl.uint8))
+    tl.store(out_ptr + b * stride_ob + col + 1, nxt)
+    tl.store(tok_ptr + b, nxt)
+    tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
+    tl.debug_barrier()
+    if tl.atomic_add(lock_ptr, 1, sem="acq_rel") == B - 1:  # the last row: every row is written
+        rs = tl.arange(0, BLOCK_B)
+        f = tl.load(fin_ptr + rs, mask=rs < B, other=1, cache_modifier=".cg")
+        tl.store(done_ptr, tl.min(f, axis=0))
+        tl.store(col_ptr, col + 1)
+        tl.atomic_xchg(lock_ptr, 0)
+
+
+def greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, locks, tiles=None,
+                block_v=1024):
+    """`choose` under greedy decoding plus the rest of `decode_step`, in one kernel: the next token
+    (argmax of logits [B, V] float32; pad for finished rows; EOS finishes a row) into `out` at column
+    col + 1 and into `tok` [B, 1]; step_pos += 1; done = all(finished); col += 1.
+    tiles=(top, top_i) from `gemv(..., argmax=...)`: the argmax is taken over those per-tile maxima
+    instead of the whole row (a few hundred values, not V)."""
+    B = logits.shape[0]
+    assert not chooser.do_sample and logits.stride(-1) == 1 and out.stride(-1) == 1
+    vals, idx = tiles if tiles is not None else (logits, logits)
+    assert vals.stride(-1) == 1 and (tiles is None or idx.stride() == vals.stride())
+    n_eos = len(chooser.eos) if chooser.use_eos else 0
+    _greedy_tail_kernel[(B,)](
+        vals, idx, finished.view(torch.uint8), chooser.pad, chooser.eos, out, tok, step_pos, col,
+        done.view(torch.uint8), locks, B, vals.shape[1], n_eos, vals.stride(0), out.stride(0),
+        HAS_IDX=tiles is not None, BLOCK_V=min(block_v, triton.next_power_of_2(vals.shape[1])),
+        BLOCK_B=triton.next_power_of_2(B))
 
 
 # --- GPT-2's decode step from these kernels ----------------------------------------------------------------
 
-def step_mask(mask, col):
-    """The keys the step's query attends to, bool [B, L]: `mask` [B, L] (prompt padding 0) and the
-    columns up to the step's own `col` (0-d tensor), as the causal mask over a static cache does."""
-    L = mask.shape[1]
-    return (mask != 0) & (torch.arange(L, device=mask.device) <= col)
+class Buffers:
+    """What a fused step writes besides the cache, made once per (model, batch, cache length): the
+    residual stream h [B, E], q and the attention output [B, E], the MLP's hidden [B, 4E], the
+    logits [B, V] float32 and their per-tile maxima, and the scratch of the split kernels (partial
+    sums, counters)."""
+
+    def __init__(self, model, batch, length):
+        E, V, H = model.config.n_embd, model.config.vocab_size, model.config.n_head
+        dev, dt = model.device, model.dtype
+        self.h, self.q, self.a = (torch.empty(batch, E, dtype=dt, device=dev) for _ in range(3))
+        self.m = torch.empty(batch, 4 * E, dtype=dt, device=dev)
+        self.logits = torch.empty(batch, V, dtype=torch.float32, device=dev)
+        tiles = triton.cdiv(V, 64)  # gemv's block_n
+        self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
+        self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
+        need = max(scratch_size(batch, K, N, dev)
+                   for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
+        splits = attention_blocks(length)[1]
+        need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2))
+        self.scratch = (torch.empty(need, dtype=torch.float32, device=dev),
+                        torch.zeros(LOCKS, dtype=torch.int32, device=dev))
 
 
 @torch.no_grad()
-def fused_forward(model, tok, step_pos, mask, cache):
-    """One decode step of GPT2LMHeadModel with the fused kernels: tok [B, 1] token ids, step_pos [B, 1]
-    their position ids, mask [B, L] the attention mask over all L slots of the prefilled StaticCache
-    `cache`. Writes the step's keys/values at the cache's next column (and advances it, as
-    `steps.forward` does) -> float32 logits [B, V], equal to
-    `steps.forward(model, tok, mask, step_pos, cache)`.
-    Torch glue: the embeddings, the cache write, the final LayerNorm and the lm_head."""
+def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col):
+    """One decode step of GPT2LMHeadModel with the fused kernels: tok [B, 1] token ids at column
+    `col` (0-d tensor), step_pos [B, 1] their position ids, mask [B, L] the attention mask over all
+    L slots of the prefilled StaticCache `cache`; `folds` from `fold_layernorms`, `buf` a Buffers.
+    Writes the step's keys and values at column `col` -> float32 logits [B, V] (buf.logits), equal to
+    `steps.forward(model, tok, mask, step_pos, cache)`, and their per-tile maxima (buf.top, top_i).
+    The cache's own counters are not advanced: `col` is the step's column."""
     tr = model.transformer
-    B = tok.shape[0]
-    E, H = model.config.n_embd, model.config.n_head
-    D = E // H
-    eps = model.config.layer_norm_epsilon
-    col = cache.layers[0].cumulative_length.clone()  # 0-d: the column this step writes (each layer's
-                                                     # own counter advances below)
-    keep = step_mask(mask, col)                       # [B, L] bool
-    h = tr.wte.weight[tok[:, 0]] + tr.wpe.weight[step_pos[:, 0]]               # [B, E]
-    for block, layer in zip(tr.h, cache.layers):
+    h, q, a, m, sc = buf.h, buf.q, buf.a, buf.m, buf.scratch
+    embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, written into h
+    for block, layer, (ln_1, ln_2) in zip(tr.h, cache.layers, folds[0]):
         at, mlp = block.attn, block.mlp
-        qkv = ln_gemv(h, block.ln_1.weight, block.ln_1.bias, eps,
-                      at.c_attn.weight, at.c_attn.bias)                         # [B, 3E]
-        q, k, v = (t.view(B, H, D) for t in qkv.split(E, dim=1))                # [B, H, D] each (views)
-        layer.keys.index_copy_(2, col.view(1), k[:, :, None])                   # cache [B, H, L, D]
-        layer.values.index_copy_(2, col.view(1), v[:, :, None])
-        layer.cumulative_length.add_(1)
-        a = one_query_attention(q, layer.keys, layer.values, keep)             # [B, H, D]
-        h = gemv_bias_residual(a.view(B, E), at.c_proj.weight, at.c_proj.bias, h)               # [B, E]
-        m = ln_gemv(h, block.ln_2.weight, block.ln_2.bias, eps,
-                    mlp.c_fc.weight, mlp.c_fc.bias, gelu=True)                  # [B, 4E]
-        h = gemv_bias_residual(m, mlp.c_proj.weight, mlp.c_proj.bias, h)        # [B, E]
-    h = torch.nn.functional.layer_norm(h, (E,), tr.ln_f.weight, tr.ln_f.bias, eps)
-    return model.lm_head(h).float()                                             # [B, V]
+        gemv(h, at.c_attn.weight, at.c_attn.bias, ln=ln_1, embed=embed, out=q, scratch=sc,
+             qkv=(layer.keys, layer.values, col))                                 # q [B, E]
+        embed = None
+        attention(q, layer.keys, layer.values, mask, col, out=a, scratch=sc)      # [B, E]
+        gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, scratch=sc)  # [B, E]
+        gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, scratch=sc)
+        gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, scratch=sc)
+    lm_head = model.lm_head.weight.t()                                            # [E, V] view
+    return gemv(h, lm_head, folds[1][2], ln=folds[1], out=buf.logits, scratch=sc,
+                argmax=(buf.top, buf.top_i))
 
 
 # --- the step backend on the seam (steps.GraphStep with this forward) ----------------------------------------
 
-def fused_decode_step(model, cache, chooser, tok, step_pos, mask, col, finished, out, done):
-    """`steps.decode_step` with `fused_forward` in place of the model's forward: choose the next token,
-    write it into `out` at column `col` and into `tok`, advance the position, set `done`. In place
-    only, so it replays as a CUDA graph (not compiled: the kernels are Triton's already)."""
+def fused_decode_step(model, folds, buf, cache, chooser, tok, step_pos, mask, col, finished,
+                      out, done):
+    """`steps.decode_step` with `fused_forward` in place of the model's forward: the next token into
+    `out` at column col + 1 and into `tok`, the position and the column advanced, `done` set. Greedy
+    decoding chooses in one kernel (`greedy_tail`); sampling through `steps.choose`. In place only,
+    so it replays as a CUDA graph."""
+    logits = fused_forward(model, folds, buf, tok, step_pos, mask, cache, col)
+    if not chooser.do_sample:
+        return greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, buf.scratch[1],
+                           tiles=(buf.top, buf.top_i))
     col += 1
-    logits = fused_forward(model, tok, step_pos, mask, cache)
     nxt = choose(logits, finished, col, chooser)
     out.index_copy_(1, col.view(1), nxt[:, None])
     tok.copy_(nxt[:, None])
@@ -272,14 +487,22 @@ class FusedStep(GraphStep):
     warm-up and one CUDA graph per flag slot; any stop driver drives it. GPT-2 only (GPT2LMHeadModel)."""
 
     def __init__(self, model, batch, length, gen):
-        if getattr(model.config, "model_type", None) != "gpt2":
+        cfg = model.config
+        if getattr(cfg, "model_type", None) != "gpt2":
             raise ValueError(f"the fused step runs GPT-2 (GPT2LMHeadModel), not "
-                             f"{getattr(model.config, 'model_type', type(model).__name__)}")
+                             f"{getattr(cfg, 'model_type', type(model).__name__)}")
+        if cfg.activation_function != "gelu_new" or cfg.scale_attn_by_inverse_layer_idx \
+                or not cfg.scale_attn_weights:
+            raise ValueError("the fused step runs GPT-2's own settings (gelu_new, attention "
+                             "scaled by 1/sqrt(head size))")
         if model.device.type != "cuda" and not INTERPRET:
             raise ValueError("the fused step needs a CUDA GPU with Triton (on a CPU, only under "
                              "Triton's interpreter: TRITON_INTERPRET=1 before triton is imported)")
         super().__init__(model, batch, length, gen)
+        self.folds = fold_layernorms(model)
+        self.buf = Buffers(model, batch, length)
 
     def run(self, slot):
-        fused_decode_step(self.model, self.cache, self.chooser, self.tok, self.step_pos, self.mask,
-                          self.col, self.finished, self.out, self.done[slot])
+        fused_decode_step(self.model, self.folds, self.buf, self.cache, self.chooser, self.tok,
+                          self.step_pos, self.mask, self.col, self.finished, self.out,
+                          self.done[slot])

@@ -44,92 +44,256 @@ def seeded():
 
 # --- the kernels -------------------------------------------------------------------------------------------
 
+def layer_norm(K, dtype):
+    ln = torch.nn.LayerNorm(K, device=DEVICE, dtype=dtype)
+    with torch.no_grad():
+        ln.weight.copy_(rand(K, dtype=dtype) + 1)
+        ln.bias.copy_(rand(K, dtype=dtype))
+    return ln
+
+
+# programs_per_sm: 0 never splits K; 64 splits it as far as blocks allow (the last program sums)
+SPLITS = [0, 64]
+
+
+@pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,K,N", [(b, *TINY) for b in BATCHES] + [(1, *GPT2)])
-def test_ln_gemv(B, K, N, dtype):
-    x, lw, lb = rand(B, K, dtype=dtype, scale=3.0), rand(K, dtype=dtype), rand(K, dtype=dtype)
+def test_gemv_layer_norm_folded(B, K, N, dtype, split):
+    x, ln = rand(B, K, dtype=dtype, scale=3.0) + 1.5, layer_norm(K, dtype)
     W, b = linear(K, N, dtype)
-    want = F.layer_norm(x, (K,), lw, lb, 1e-5) @ W + b
-    close(fused.ln_gemv(x, lw, lb, 1e-5, W, b), want, dtype)
+    want = ln(x) @ W + b
+    got = fused.gemv(x, W, b, ln=fused.fold_layernorm(ln, W, b), programs_per_sm=split)
+    close(got, want, dtype)
+
+
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B", BATCHES)
+def test_gemv_layer_norm_gelu(B, dtype, split):
+    K, N = 64, 256  # GPT-2 tiny's c_fc
+    x, ln = rand(B, K, dtype=dtype), layer_norm(K, dtype)
+    W, b = linear(K, N, dtype)
+    want = F.gelu(ln(x) @ W + b, approximate="tanh")
+    got = fused.gemv(x, W, b, ln=fused.fold_layernorm(ln, W, b), gelu=True, programs_per_sm=split)
+    close(got, want, dtype)
+
+
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,K,N", [(b, 256, 64) for b in BATCHES] + [(1, 3072, 768)])
+def test_gemv_bias_residual_in_place(B, K, N, dtype, split):
+    x, r = rand(B, K, dtype=dtype), rand(B, N, dtype=dtype)
+    W, b = linear(K, N, dtype)
+    want = x @ W + b + r
+    got = fused.gemv(x, W, b, residual=r, out=r, programs_per_sm=split)  # h += ..., as the step
+    assert got is r
+    close(got, want, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B", BATCHES)
-def test_ln_gemv_gelu(B, dtype):
-    K, N = 64, 256  # GPT-2 tiny's c_fc
-    x, lw, lb = rand(B, K, dtype=dtype), rand(K, dtype=dtype), rand(K, dtype=dtype)
-    W, b = linear(K, N, dtype)
-    want = F.gelu(F.layer_norm(x, (K,), lw, lb, 1e-5) @ W + b, approximate="tanh")
-    close(fused.ln_gemv(x, lw, lb, 1e-5, W, b, gelu=True), want, dtype)
+def test_gemv_transposed_weight_float32_out(B, dtype):
+    # the lm_head: wte [V, E] read as [E, V] (K contiguous), LayerNorm folded, float32 logits
+    V, E = 300, 64
+    x, ln = rand(B, E, dtype=dtype), layer_norm(E, dtype)
+    wte = rand(V, E, dtype=dtype, scale=E ** -0.5)
+    want = (ln(x) @ wte.t()).float()
+    fold = fused.fold_layernorm(ln, wte.t())
+    out = torch.empty(B, V, device=DEVICE)
+    got = fused.gemv(x, wte.t(), fold[2], ln=fold, out=out)
+    assert got is out
+    torch.testing.assert_close(got, want, **TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,K,N", [(b, 256, 64) for b in BATCHES] + [(1, *GPT2)])
-def test_gemv_bias_residual(B, K, N, dtype):
-    x, r = rand(B, K, dtype=dtype), rand(B, N, dtype=dtype)
-    W, b = linear(K, N, dtype)
-    close(fused.gemv_bias_residual(x, W, b, r), x @ W + b + r, dtype)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,K,N", [(b, 64, 256) for b in BATCHES] + [(1, 768, 3072)])
-def test_gemv_bias_gelu(B, K, N, dtype):
-    x = rand(B, K, dtype=dtype)
-    W, b = linear(K, N, dtype)
-    close(fused.gemv_bias_gelu(x, W, b), F.gelu(x @ W + b, approximate="tanh"), dtype)
-
-
-def test_gemv_ragged_sizes_and_strided_rows():
-    # sizes that are no multiple of any block, and x a strided view (every other row of a wider tensor)
+def test_gemv_ragged_sizes_strided_rows_and_scratch_reuse():
+    # sizes that are no multiple of any block, x a strided view (every other row of a wider tensor),
+    # and one scratch (partials, counters) for several split calls: each leaves its counters at 0
     B, K, N = 5, 100, 70
     x = rand(2 * B, K + 3)[::2, :K]
-    r = rand(B, N)
     W, b = linear(K, N, torch.float32)
-    close(fused.gemv_bias_residual(x, W, b, r, block_n=32, block_k=32), x @ W + b + r, torch.float32)
+    scratch = (torch.empty(64 * B * N, device=DEVICE), torch.zeros(fused.LOCKS, dtype=torch.int32,
+                                                                 device=DEVICE))
+    for _ in range(3):
+        r = rand(B, N)
+        got = fused.gemv(x, W, b, residual=r, block_n=32, block_k=16, programs_per_sm=64,
+                         scratch=scratch)
+        close(got, x @ W + b + r, torch.float32)
+        assert not scratch[1].any()
+
+
+def test_gemv_splits_k_on_a_small_matrix():
+    # a 768-column projection has 12 column tiles: it needs a split to fill the GPU
+    assert fused.gemv_tiles(1, 768, 768, torch.device(DEVICE))[3] > 1
+    assert fused.gemv_tiles(1, 768, 768, torch.device(DEVICE), programs_per_sm=0)[3] == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B", [1, 3])
+def test_gemv_qkv_writes_the_cache_column(B, dtype):
+    H, D, L, col = 2, 32, 10, 6
+    E = H * D
+    x, ln = rand(B, E, dtype=dtype), layer_norm(E, dtype)
+    W, b = linear(E, 3 * E, dtype)
+    keys, values = torch.zeros(2, B, H, L, D, dtype=dtype, device=DEVICE)
+    want = ln(x) @ W + b
+    q = fused.gemv(x, W, b, ln=fused.fold_layernorm(ln, W, b), programs_per_sm=64,
+                   qkv=(keys, values, torch.tensor(col, device=DEVICE)))
+    close(q, want[:, :E], dtype)
+    close(keys[:, :, col], want[:, E : 2 * E].view(B, H, D), dtype)
+    close(values[:, :, col], want[:, 2 * E :].view(B, H, D), dtype)
+    others = [c for c in range(L) if c != col]
+    assert not keys[:, :, others].any() and not values[:, :, others].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B", [1, 3])
+def test_gemv_embedding_in_front(B, dtype):
+    # layer 0: x = wte[tok] + wpe[pos], LayerNorm'd into the GEMV, and written into x (the residual)
+    V, P, E, N = 50, 20, 64, 96
+    wte, wpe = rand(V, E, dtype=dtype), rand(P, E, dtype=dtype)
+    tok = torch.randint(0, V, (B, 1), device=DEVICE)
+    pos = torch.randint(0, P, (B, 1), device=DEVICE)
+    ln, (W, b) = layer_norm(E, dtype), linear(E, N, dtype)
+    emb = wte[tok[:, 0]] + wpe[pos[:, 0]]
+    h = torch.zeros(B, E, dtype=dtype, device=DEVICE)
+    got = fused.gemv(h, W, b, ln=fused.fold_layernorm(ln, W, b), embed=(wte, wpe, tok, pos),
+                     programs_per_sm=64)
+    if dtype == torch.float32 or DEVICE == "cuda":
+        assert torch.equal(h, emb)
+    else:  # Triton's CPU interpreter rounds float32 to bfloat16 its own way: one unit apart at most
+        torch.testing.assert_close(h, emb, rtol=2**-7, atol=0)
+    close(got, ln(emb) @ W + b, dtype)
+
+
+@pytest.mark.parametrize("B", [1, 3])
+def test_gemv_argmax_per_tile(B):
+    # each row's largest value per 64-column tile and its first column (ties: the first)
+    K, N = 64, 300
+    x, (W, b) = rand(B, K), linear(K, N, torch.float32)
+    W[:, 70] = W[:, 100] = W[:, 99]  # a tie inside the second tile
+    b[70] = b[100] = b[99] = 100.0
+    tiles = triton_cdiv(N, 64)
+    top = torch.empty(B, tiles, device=DEVICE)
+    top_i = torch.empty(B, tiles, dtype=torch.int32, device=DEVICE)
+    y = fused.gemv(x, W, b, argmax=(top, top_i))
+    for t in range(tiles):
+        part = y[:, 64 * t : 64 * t + 64]
+        assert torch.equal(top[:, t], part.max(-1).values)
+        assert torch.equal(top_i[:, t].long(), part.argmax(-1) + 64 * t)
+    assert (top_i[:, 1] == 70).all()
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
 
 
 def attention_inputs(B, H, S, D, dtype, pad=None):
-    """q [B, H, D], a cache [B, H, S, D] and its mask [B, S]: row i left-padded by `pad[i]` columns,
+    """q [B, H*D], a cache [B, H, S, D] and its mask [B, S]: row i left-padded by `pad[i]` columns,
     the last few slots unused (as a StaticCache longer than the sequence)."""
-    q, k, v = rand(B, H, D, dtype=dtype), rand(B, H, S, D, dtype=dtype), rand(B, H, S, D, dtype=dtype)
+    q, k, v = rand(B, H * D, dtype=dtype), rand(B, H, S, D, dtype=dtype), rand(B, H, S, D, dtype=dtype)
     pad = pad if pad is not None else [(7 * i) % (S // 2) for i in range(B)]
     cols = torch.arange(S, device=DEVICE)
     mask = (cols[None] >= torch.tensor(pad, device=DEVICE)[:, None]) & (cols[None] < S - 3)
     return q, k, v, mask
 
 
-def reference_attention(q, k, v, mask):
-    """SDPA with the boolean mask, in float32 (the kernel's softmax precision)."""
-    out = F.scaled_dot_product_attention(q.float()[:, :, None], k.float(), v.float(),
-                                         attn_mask=mask[:, None, None])
-    return out[:, :, 0]
+def reference_attention(q, k, v, mask, scale=None):
+    """SDPA with the boolean mask, in float32 (the kernel's softmax precision) -> [B, H*D]."""
+    B, H, S, D = k.shape
+    out = F.scaled_dot_product_attention(q.float().view(B, H, 1, D), k.float(), v.float(),
+                                         attn_mask=mask[:, None, None], scale=scale)
+    return out.reshape(B, H * D)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,H,S,D", [(b, 2, 40, 32) for b in BATCHES] + [(1, 12, 1024, 64)])
-def test_one_query_attention(B, H, S, D, dtype):
+def test_attention(B, H, S, D, dtype):
+    # split into blocks of keys (flash-decoding), combined by the last program of each row and head
     q, k, v, mask = attention_inputs(B, H, S, D, dtype)
-    close(fused.one_query_attention(q, k, v, mask), reference_attention(q, k, v, mask), dtype)
+    close(fused.attention(q, k, v, mask), reference_attention(q, k, v, mask).to(dtype), dtype)
+
+
+def test_attention_one_block():
+    q, k, v, mask = attention_inputs(3, 2, 20, 32, torch.float32)
+    assert fused.attention_blocks(20)[1] == 1
+    close(fused.attention(q, k, v, mask), reference_attention(q, k, v, mask), torch.float32)
+
+
+def test_attention_reads_only_the_used_slots():
+    # with `col`, slots past it are never read: garbage (NaN) there changes nothing
+    B, H, S, D, col = 3, 2, 40, 32, 25
+    q, k, v, mask = attention_inputs(B, H, S, D, torch.float32)
+    mask[:, :] = mask[:, :1] | True
+    want = reference_attention(q, k[:, :, : col + 1], v[:, :, : col + 1], mask[:, : col + 1])
+    k[:, :, col + 1 :], v[:, :, col + 1 :] = float("nan"), float("nan")
+    locks = torch.zeros(B * H, dtype=torch.int32, device=DEVICE)
+    scratch = (torch.empty(B * H * 64 * 34, device=DEVICE), locks)
+    for _ in range(2):  # the counters are left at 0 for the next call
+        got = fused.attention(q, k, v, mask, col=torch.tensor(col, device=DEVICE), block_s=8,
+                              scratch=scratch)
+        close(got, want, torch.float32)
+        assert not locks.any()
 
 
 def test_attention_matches_steps_one_query_attention():
     # the eager one_query_attention of steps.py (what GraphStep runs in float32), same inputs
     from fastgen_lib.steps import one_query_attention as eager
-    q, k, v, mask = attention_inputs(3, 2, 40, 32, torch.float32)
-    want = eager(None, q[:, :, None], k, v, mask[:, None, None])[0][:, 0]
-    close(fused.one_query_attention(q, k, v, mask), want, torch.float32)
+    B, H, S, D = 3, 2, 40, 32
+    q, k, v, mask = attention_inputs(B, H, S, D, torch.float32)
+    want = eager(None, q.view(B, H, 1, D), k, v, mask[:, None, None])[0][:, 0]
+    close(fused.attention(q, k, v, mask), want.reshape(B, H * D), torch.float32)
 
 
-def test_attention_whole_masked_blocks_int_mask_and_strided_q():
-    # left padding longer than a block (whole blocks of keys masked), an integer mask, q a view into a
-    # qkv row [B, 3 * H * D] (as fused_forward passes it), an explicit scale
+def test_attention_whole_masked_blocks_int_mask_and_explicit_scale():
+    # left padding longer than a block (whole blocks of keys masked), an integer mask, a scale
     B, H, S, D = 3, 2, 100, 32
     q, k, v, mask = attention_inputs(B, H, S, D, torch.float32, pad=[0, 40, 90])
-    qkv = torch.cat([q.reshape(B, H * D), rand(B, 2 * H * D)], dim=1)
-    q_view = qkv[:, : H * D].view(B, H, D)
-    got = fused.one_query_attention(q_view, k, v, mask.long(), scale=0.2, block_s=16)
-    want = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None], scale=0.2)
-    close(got, want[:, :, 0], torch.float32)
+    got = fused.attention(q, k, v, mask.long(), scale=0.2, block_s=16)
+    close(got, reference_attention(q, k, v, mask, scale=0.2), torch.float32)
+
+
+# --- the token choice --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("use_eos", [True, False])
+def test_greedy_tail_equals_choose_and_decode_steps_writes(use_eos):
+    # argmax with ties (the first index wins, as torch.argmax), finished rows padded, EOS finishing a
+    # row, the token written at col + 1, positions and the column advanced, done = all finished
+    from fastgen_lib.steps import Chooser, GenConfig, choose
+    B, V, L, col, eos, pad = 5, 3000, 12, 7, 11, 99
+    gen = GenConfig(4, (eos, 13) if use_eos else None, pad)
+    chooser = Chooser(gen, torch.device(DEVICE))
+    logits = rand(B, V)
+    logits[0, [5, 2999]] = 50.0          # a tie: index 5
+    logits[1, eos] = 60.0                # finishes on EOS
+    logits[2, 13] = 60.0                 # on the other EOS id
+    finished = torch.tensor([False, False, False, True, False], device=DEVICE)
+    out = torch.zeros(B, L, dtype=torch.long, device=DEVICE)
+    tok, pos = torch.zeros(B, 1, dtype=torch.long, device=DEVICE), torch.arange(B, device=DEVICE)
+    c, done = torch.tensor(col, device=DEVICE), torch.tensor(True, device=DEVICE)
+    want_fin = finished.clone()
+    want = choose(logits, want_fin, col + 1, chooser)
+    locks = torch.zeros(fused.LOCKS, dtype=torch.int32, device=DEVICE)
+    fused.greedy_tail(logits, finished, chooser, out, tok, pos[:, None], c, done, locks,
+                      block_v=256)
+    assert want[0] == 5 and want[3] == pad
+    assert torch.equal(out[:, col + 1], want) and torch.equal(tok[:, 0], want)
+    assert torch.equal(finished, want_fin) and int(c) == col + 1 and not bool(done)
+    assert torch.equal(pos, torch.arange(B, device=DEVICE) + 1) and not locks.any()
+    assert not out[:, : col + 1].any() and not out[:, col + 2 :].any()
+    # the same choice from per-tile maxima (as gemv's argmax leaves them), 60 columns a tile
+    tiles = logits.view(B, -1, 60)
+    top, top_i = tiles.max(-1)
+    top_i = (top_i + 60 * torch.arange(tiles.shape[1], device=DEVICE)).int()
+    finished.copy_(torch.tensor([False, False, False, True, False]))
+    out2 = torch.zeros_like(out)
+    fused.greedy_tail(logits, finished, chooser, out2, tok, pos[:, None], c.fill_(col), done,
+                      locks, tiles=(top, top_i))
+    assert torch.equal(out2[:, col + 1], want)
+    finished.fill_(True)
+    fused.greedy_tail(logits, finished, chooser, out, tok, pos[:, None], c.fill_(col + 1), done,
+                      locks)
+    assert bool(done) and int(c) == col + 2 and torch.equal(out[:, col + 2], chooser.pad.expand(B))
 
 
 # --- the whole decode step of the tiny GPT-2 ---------------------------------------------------------------
@@ -157,21 +321,23 @@ def prefilled(model, B, T, L):
 def test_fused_forward_equals_steps_forward(tiny, B):
     # three decode steps on a prefilled cache: the same float32 logits [B, V] as the model's own step
     # (bfloat16: random-weight logits of order one, a few roundings apart), the same keys and values
-    # written at the same column, and the cache's column advanced alike
+    # written at the same column; the fused step leaves the cache's counters alone (`col` is its own)
     T, L, steps = 6, 12, 3
     logits_tol = dict(rtol=1e-4, atol=1e-4) if tiny.dtype == torch.float32 else dict(rtol=0, atol=3e-2)
     cache, tok, pos, mask = prefilled(tiny, B, T, L)
     mine = copy.deepcopy(cache)
+    folds, buf = fused.fold_layernorms(tiny), fused.Buffers(tiny, B, L)
     for i in range(steps):
         step_pos = pos[:, T + i : T + i + 1]
         want = forward(tiny, tok, mask, step_pos, cache)
-        got = fused.fused_forward(tiny, tok, step_pos, mask, mine)
+        got = fused.fused_forward(tiny, folds, buf, tok, step_pos, mask, mine,
+                                  torch.tensor(T + i, device=DEVICE))
         assert got.dtype == torch.float32 and got.shape == want.shape
         torch.testing.assert_close(got, want, **logits_tol)
         for a, b in zip(mine.layers, cache.layers):
             close(a.keys, b.keys, tiny.dtype)
             close(a.values, b.values, tiny.dtype)
-            assert int(a.cumulative_length) == int(b.cumulative_length) == T + i + 1
+            assert int(a.cumulative_length) == T and int(b.cumulative_length) == T + i + 1
         tok = want.argmax(-1)[:, None]
 
 
@@ -194,6 +360,20 @@ def test_fused_step_backend_gives_model_generate_tokens(driver, bias, seed):
     gen = GenConfig(N, (EOS,), EOS, False, 1.0, None, 0, None)
     out = decoders.decode(model, ids, mask, gen, fused.FusedStep, getattr(stops, driver))
     assert torch.equal(out, ref), (out, ref)
+
+
+def test_fused_step_samples_as_the_other_decoders():
+    # sampling goes through steps.choose (the same Gumbel noise per seed and step): the fused step
+    # draws the eager static-cache decoder's tokens
+    from fastgen_lib import decoders, stops
+    from fastgen_lib.models import EOS
+    from fastgen_lib.steps import GenConfig, StaticStep
+    model = fg.load_model("tiny", device=DEVICE)
+    ids, mask = fg.make_batch(3, 8, mixed=True, seed=1, device=DEVICE)
+    gen = GenConfig(12, (EOS,), EOS, True, 0.8, 20, 7, None)
+    want = decoders.decode(model, ids, mask, gen, StaticStep, stops.every_step)
+    got = decoders.decode(model, ids, mask, gen, fused.FusedStep, stops.deferred)
+    assert torch.equal(got, want), (got, want)
 
 
 def test_fused_step_refuses_another_model_type():

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The fused decoder on a GPU host, from the repo root (OUT: where results go):
+#   OUT=... bash tools/fused_check.sh check   # kernel and token tests, then the bench and kernel counts
+#   OUT=... bash tools/fused_check.sh tune    # the GEMV's tiles (tools/tune_fused.py)
+set -u
+OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+PIN=${PIN:-8-11}
+nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv | tee "$OUT/gpu_state.txt"
+case "${1:-check}" in
+  check)
+    timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py \
+      tests/gpu/test_gpu_fused.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
+    taskset -c "$PIN" timeout 200 python3 -m fastgen_lib bench --batch 1 32 --dtype float32 \
+      bfloat16 --methods interleaved fused --repeats 10 --out "$OUT/bench" 2>&1 \
+      | grep -v "it/s" | tee "$OUT/bench_log.txt"
+    timeout 120 python3 tools/probe_kernels.py "$OUT/kernels.csv" interleaved fused 2>&1 | tail -12
+    ;;
+  probe)  # the GPU kernel tests, then each kernel's time in the step, then a short tile sweep
+    timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py 2>&1 | tail -3
+    timeout 150 python3 tools/probe_fused.py "$OUT/probe_fused.csv" 2>&1
+    timeout ${TUNE_S:-300} python3 tools/tune_fused.py "$OUT/tune.csv" 2>&1 | tail -60
+    ;;
+  tune)
+    timeout 560 python3 tools/tune_fused.py "$OUT/tune.csv" 2>&1 | tail -60
+    ;;
+esac
