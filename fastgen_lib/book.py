@@ -52,3 +52,23 @@ def record(name, value):
     from IPython.display import display
     display({"application/papermill.record/text/plain": repr(value)}, raw=True,
             metadata={"scrapbook": {"name": name, "mime_prefix": "application/papermill.record/"}})
+
+
+def source(obj, start=None, stop=None):
+    """The source of library object `obj` (a Triton kernel's too), or only its lines from the first
+    that contains `start` up to the first after it that contains `stop` (not included), dedented.
+    What a chapter prints with `show` is the library's own code: tests/test_book.py checks it."""
+    import inspect
+    import textwrap
+    lines = inspect.getsource(getattr(obj, "fn", obj)).splitlines()
+    if start is not None:
+        i = next(k for k, line in enumerate(lines) if start in line)
+        j = next((k for k in range(i + 1, len(lines)) if stop is not None and stop in lines[k]),
+                 len(lines))
+        lines = lines[i:j]
+    return textwrap.dedent("\n".join(lines))
+
+
+def show(obj, start=None, stop=None):
+    """Print `source(obj, start, stop)`."""
+    print(source(obj, start, stop))

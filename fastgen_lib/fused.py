@@ -8,7 +8,8 @@ StaticCache of L slots. Per layer, five kernels (gpt-fast style: small, shapes i
     h   = gemv(m, mlp.c_proj, residual=h)                                                  [B, E]
 
 then one more `gemv` for ln_f + lm_head (float32 logits) and, under greedy decoding, one kernel for
-the whole token choice (`greedy_tail`): 62 kernels a step, plus the embedding's three torch ops.
+the whole token choice (`greedy_tail`): 62 kernels a step (layer 0's first GEMV computes the
+embedding in front of itself).
 
 The GEMV splits K over several programs when a matrix has too few column tiles to fill the GPU; the
 last program of a column tile to finish (an atomic counter) sums the partial sums, in a fixed order,
@@ -101,9 +102,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
 
     out_ok = row_ok[:, None] & col_ok[None, :]
     last = True
-    if SPLIT > 1:  # leave the partial sums; the tile's last program to arrive adds them all up
+    if SPLIT > 1:  # leave the partial sums; the tile's last program adds them all up
         part = part_ptr + rows[:, None] * N + cols[None, :]
-        stat = part_ptr + SPLIT * B * N + (pid_n * SPLIT * B + rows) * 2   # [BLOCK_M]
+        stat = part_ptr + SPLIT * B * N + (pid_n * SPLIT * B + rows) * 2  # [BLOCK_M]
         tl.store(part + pid_s * B * N, acc, mask=out_ok)
         if LN:
             tl.store(stat + pid_s * B * 2, sum1, mask=row_ok)
@@ -116,14 +117,16 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             sum1 = tl.zeros([BLOCK_M], dtype=tl.float32)
             sum2 = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for s in tl.static_range(SPLIT):  # in a fixed order, whoever came last; unrolled
-                acc += tl.load(part + s * B * N, mask=out_ok, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(SPLIT):  # fixed order, whoever came last; unrolled
+                acc += tl.load(part + s * B * N, mask=out_ok, other=0.0,
+                               cache_modifier=".cg")  # (from L2: written by other SMs)
                 if LN:
-                    sum1 += tl.load(stat + s * B * 2, mask=row_ok, other=0.0, cache_modifier=".cg")
+                    sum1 += tl.load(stat + s * B * 2, mask=row_ok, other=0.0,
+                                    cache_modifier=".cg")
                     sum2 += tl.load(stat + s * B * 2 + 1, mask=row_ok, other=0.0,
                                     cache_modifier=".cg")
             tl.atomic_xchg(lock, 0)  # ready for the next kernel
-        if LN:  # LN(x) @ W + b = r * (x*g @ W - mu * c) + d, with c = g @ W, d = beta @ W + b
+        if LN:  # LN(x) @ W + b = r (x*g @ W - mu c) + d; c = g @ W, d = beta @ W + b
             mean = sum1 / K
             rstd = 1.0 / tl.sqrt(tl.maximum(sum2 / K - mean * mean, 0.0) + eps)
             c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)
@@ -237,8 +240,8 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
 
 
 def fold_layernorm(ln, weight, bias=None):
-    """(g, c, d, eps) for `gemv(..., ln=...)`: LayerNorm module `ln` before x @ weight [K, N] + bias:
-    c = g @ weight and d = beta @ weight + bias, in float32."""
+    """(g, c, d, eps) for `gemv(..., ln=...)`: LayerNorm module `ln` before
+    x @ weight [K, N] + bias: c = g @ weight, d = beta @ weight + bias, in float32."""
     w = weight.float()
     c = ln.weight.float() @ w
     d = ln.bias.float() @ w + (bias.float() if bias is not None else 0.0)
@@ -439,25 +442,27 @@ class Buffers:
 
 @torch.no_grad()
 def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col):
-    """One decode step of GPT2LMHeadModel with the fused kernels: tok [B, 1] token ids at column
-    `col` (0-d tensor), step_pos [B, 1] their position ids, mask [B, L] the attention mask over all
-    L slots of the prefilled StaticCache `cache`; `folds` from `fold_layernorms`, `buf` a Buffers.
-    Writes the step's keys and values at column `col` -> float32 logits [B, V] (buf.logits), equal to
-    `steps.forward(model, tok, mask, step_pos, cache)`, and their per-tile maxima (buf.top, top_i).
-    The cache's own counters are not advanced: `col` is the step's column."""
+    """One decode step of GPT2LMHeadModel with the fused kernels: tok [B, 1] token ids
+    at column `col` (0-d tensor), step_pos [B, 1] their position ids, mask [B, L] the
+    attention mask over all L slots of the prefilled StaticCache `cache`; `folds` from
+    `fold_layernorms`, `buf` a Buffers. Writes the step's keys and values at column
+    `col` -> float32 logits [B, V] (buf.logits), equal to
+    `steps.forward(model, tok, mask, step_pos, cache)`, and their per-tile maxima
+    (buf.top, buf.top_i). The cache's own counters are not advanced: `col` is the step's
+    column."""
     tr = model.transformer
     h, q, a, m, sc = buf.h, buf.q, buf.a, buf.m, buf.scratch
-    embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, written into h
+    embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, into h
     for block, layer, (ln_1, ln_2) in zip(tr.h, cache.layers, folds[0]):
         at, mlp = block.attn, block.mlp
-        gemv(h, at.c_attn.weight, at.c_attn.bias, ln=ln_1, embed=embed, out=q, scratch=sc,
-             qkv=(layer.keys, layer.values, col))                                 # q [B, E]
+        gemv(h, at.c_attn.weight, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
+             scratch=sc, qkv=(layer.keys, layer.values, col))           # q [B, E]
         embed = None
-        attention(q, layer.keys, layer.values, mask, col, out=a, scratch=sc)      # [B, E]
-        gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, scratch=sc)  # [B, E]
+        attention(q, layer.keys, layer.values, mask, col, out=a, scratch=sc)  # [B, E]
+        gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, scratch=sc)
         gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, scratch=sc)
         gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, scratch=sc)
-    lm_head = model.lm_head.weight.t()                                            # [E, V] view
+    lm_head = model.lm_head.weight.t()                                  # [E, V] view
     return gemv(h, lm_head, folds[1][2], ln=folds[1], out=buf.logits, scratch=sc,
                 argmax=(buf.top, buf.top_i))
 

@@ -73,6 +73,10 @@ LESSONS = [
      lambda r: r["ch7_stale_reads_without_wait"] > 0 and r["ch7_stale_reads_with_wait"] == 0),
     ("08_results", "the article's ~5x over the naive loop at batch 32 holds",
      lambda r: r["ch8_interleaved_vs_naive_b32"] >= 5),
+    ("09_fused", "the fused step gives model.generate's float32 tokens",
+     lambda r: r["ch9_tokens_equal"] == 1),
+    ("09_fused", "62 kernels instead of 160 make the batch-1 float32 step faster than interleaved",
+     lambda r: r["ch9_fused_kernels_per_step"] <= 70 and r["ch9_speedup_b1_float32"] > 1),
 ]
 
 
@@ -140,3 +144,20 @@ def test_code_shown_in_a_chapter_is_the_librarys(path):
             for a in attrs:
                 obj = getattr(obj, a)
             assert inspect.getsource(obj).strip() in shown, f"cell {i}: {expr} changed since the run"
+        for module, attr, start, stop in SHOW.findall("".join(c["source"])):
+            from fastgen_lib.book import source
+            obj = getattr(importlib.import_module(f"fastgen_lib.{module}"), attr)
+            text = source(obj, start or None, stop or None)
+            assert len(text) > 200 and text in shown, f"cell {i}: show({module}.{attr}) changed"
+
+
+# book.show(module.name) or book.show(module.name, "first line's text", "stop line's text")
+SHOW = re.compile(r'show\((\w+)\.(\w+)(?:, "([^"]*)")?(?:, "([^"]*)")?\)')
+
+
+def test_show_finds_what_a_chapter_prints():
+    from fastgen_lib import book, steps
+    src = 'show(steps.choose, "if c.do_sample:", "return nxt")'
+    (module, attr, start, stop), = SHOW.findall(src)
+    text = book.source(getattr(steps, attr), start, stop)
+    assert text.startswith("if c.do_sample:") and "return nxt" not in text and "argmax" in text
