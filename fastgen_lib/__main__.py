@@ -16,7 +16,7 @@ N_POSITIONS = 1024  # GPT-2's n_positions (124m, tiny): checked here; other mode
 GPT2 = (None, "124m", "gpt2", "tiny")  # --size values that are GPT-2 (None: the default size)
 VOCAB = 50257
 METHODS = list(DECODER_NAMES) + list(HF_METHOD_NAMES)
-COMPILED = {"compiled", "deferred", "interleaved", "fused"}  # compile on their first call
+COMPILED = {"compiled", "deferred", "interleaved", "fused", "gpu_loop"}  # compile on their first call
 
 
 def fail(message):
@@ -209,8 +209,9 @@ def cmd_bench(args):
     from . import bench, measure, plots
     from .models import default_size, load_model
     cuda = torch.cuda.is_available()
-    if not cuda and "fused" in (args.methods or []) and not args.merge:
-        fail("the fused decoder needs a CUDA GPU with Triton, and this machine has none")
+    for name in {"fused", "gpu_loop"} & set(args.methods or []):
+        if not cuda and not args.merge:
+            fail(f"the {name} decoder needs a CUDA GPU with Triton, and this machine has none")
     methods = args.methods or bench.LADDER
     size = args.size or default_size()
     if args.merge:  # no measuring: CSVs of earlier runs (a sweep over GPUs) -> one CSV
@@ -374,8 +375,8 @@ def parser():
     b = sub.add_parser("bench", help="the ladder of decoders beside model.generate")
     common(b, batch=(1, 32), new_tokens=(100,))
     b.add_argument("--methods", nargs="+", default=None,
-                   help=f"any of {', '.join(METHODS)} (default: all but fused, "
-                        "which runs by name)")
+                   help=f"any of {', '.join(METHODS)} (default: all but fused and "
+                        "gpu_loop, which run by name)")
     b.add_argument("--sweep", action="store_true",
                    help="the grid: batch x new tokens for the first dtype, the "
                         "100-token column for the others (eager methods only where "

@@ -12,7 +12,7 @@ from .models import prompts_for, stop_ids
 
 HF_METHODS = {"hf_dynamic": {}, "hf_static": {"cache_implementation": "static"}}
 METHODS = list(DECODERS) + list(HF_METHODS)  # every name the bench takes
-BEYOND = ("fused",)  # past the article's ladder (chapter 9 on): by name only, e.g. --methods fused
+BEYOND = ("fused", "gpu_loop")  # past the article's ladder (chapter 9 on): by name only, e.g. --methods fused
 LADDER = [m for m in METHODS if m not in BEYOND]  # the default: the article's ladder
 STATIC = {"static_cache", "compiled", "deferred", "interleaved", "hf_static"}  # attend over all T+N slots
 # (fused reads only the slots used so far: T + N/2 on average, as the dynamic caches)

@@ -10,6 +10,7 @@ signature and, under greedy decoding, the same tokens as `model.generate`:
     deferred       7   GraphStep     deferred     read step i-1's flag while step i runs
     interleaved    7   GraphStep     interleaved  deferred on two CUDA streams in ping-pong
     fused          9   FusedStep     interleaved  the step as Triton kernels (GPT-2, CUDA only)
+    gpu_loop      10   FusedStep     gpu_loop     every step and the stop in one CUDA graph launch
 
 `generate()` is the entry point. A GraphStep is kept on the model for the next call with the same
 shapes and settings (its compile, graphs and buffers); `reset(model)` frees them.
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from .steps import DynamicStep, GenConfig, GraphStep, NaiveStep, StaticStep, attention_choice
+from .gpu_loop import gpu_loop
 from .stops import deferred, every_step, interleaved
 
 
@@ -50,6 +52,7 @@ DECODERS = {  # public name -> (step backend, stop driver)
     "deferred": (GraphStep, deferred),
     "interleaved": (GraphStep, interleaved),
     "fused": (Fused, interleaved),
+    "gpu_loop": (Fused, gpu_loop),
 }
 
 
@@ -73,7 +76,7 @@ def decode(model, input_ids, attention_mask, gen, step_backend, stop_driver, str
 def attention_of(model, decoder, decode_attention="auto"):
     """The attention that `decoder`'s decode steps run: GraphStep's choice (`attention_choice`), or
     the model's own for the eager steps and `model.generate`. Every result row records it."""
-    if decoder == "fused":
+    if decoder in ("fused", "gpu_loop"):
         return "fused"  # its own Triton kernel (fused.attention)
     if decoder in DECODERS and DECODERS[decoder][0] is GraphStep:
         return attention_choice(model.dtype, decode_attention)

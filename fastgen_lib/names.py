@@ -3,5 +3,5 @@
 checks it."""
 
 DECODER_NAMES = ("naive", "kv_cache", "static_cache", "compiled", "deferred",
-                 "interleaved", "fused")
+                 "interleaved", "fused", "gpu_loop")
 HF_METHOD_NAMES = ("hf_dynamic", "hf_static")  # model.generate: default, static cache

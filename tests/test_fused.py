@@ -384,3 +384,23 @@ def test_fused_step_refuses_another_model_type():
     model = LlamaForCausalLM(cfg).eval()
     with pytest.raises(ValueError, match="GPT-2"):
         fused.FusedStep(model, 1, 8, GenConfig(4, None, 0))
+
+
+# --- the loop on the GPU (gpu_loop.py): what can be checked without one ----------------------------
+
+def test_gpu_loop_refuses_a_cpu_sampling_and_streaming():
+    # its graph needs CUDA 12.4 conditional nodes; its body must allocate nothing (greedy fused)
+    from fastgen_lib import decoders
+    from fastgen_lib.gpu_loop import gpu_loop
+    from fastgen_lib.models import EOS
+    from fastgen_lib.steps import GenConfig
+    model = fg.load_model("tiny", device=DEVICE)
+    ids, mask = fg.make_batch(2, 6, mixed=True, seed=3, device=DEVICE)
+    sampled = GenConfig(4, (EOS,), EOS, True, 1.0, None, 0, None)
+    with pytest.raises(ValueError, match="greedy"):
+        decoders.decode(model, ids, mask, sampled, fused.FusedStep, gpu_loop)
+    with pytest.raises(ValueError, match="cannot stream"):
+        gpu_loop(None, 4, streamer=object())
+    if DEVICE == "cpu":
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            fg.generate(model, ids, mask, decoder="gpu_loop", max_new_tokens=4)
