@@ -166,10 +166,13 @@ def sm_count(device):
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def gemv_tiles(B, K, N, device, block_n=64, block_k=64, programs_per_sm=PROGRAMS_PER_SM):
+def gemv_tiles(B, K, N, device, block_n=None, block_k=64, programs_per_sm=PROGRAMS_PER_SM):
     """(block_m, block_n, block_k, split, k_chunk) for x [B, K] @ W [K, N]: one row per program at
     batch 1, else a padded tl.dot (16 or 32 rows); K split into `split` chunks of `k_chunk` rows
-    (a multiple of block_k) until there are about `programs_per_sm` programs per SM."""
+    (a multiple of block_k) until there are about `programs_per_sm` programs per SM. block_n
+    defaults to 64 columns (under the CPU interpreter, which pays per program: at most ~4 tiles)."""
+    if block_n is None:
+        block_n = max(64, triton.next_power_of_2(triton.cdiv(N, 4))) if INTERPRET else 64
     block_m = 1 if B == 1 else 16 if B <= 16 else 32
     block_k = min(block_k, triton.next_power_of_2(K))
     tiles = triton.cdiv(N, block_n) * triton.cdiv(B, block_m)
@@ -186,7 +189,7 @@ def scratch_size(B, K, N, device, **tiles):
 
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
-         argmax=None, out=None, scratch=None, block_n=64, block_k=64,
+         argmax=None, out=None, scratch=None, block_n=None, block_k=64,
          programs_per_sm=PROGRAMS_PER_SM, num_warps=4):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
@@ -195,8 +198,8 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     qkv=(keys, values, col): the columns are [q | k | v]; q goes to the result [B, N/3], k and v into
     the cache [B, H, L, D] at column `col` (a 0-d tensor).
     embed=(wte, wpe, tok, pos): x is wte[tok] + wpe[pos] (tok, pos [B, 1]), also written into x.
-    argmax=(top, top_i) float32 and int32 [B, N / block_n]: each row's largest value per column tile
-    and its first column. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
+    argmax=(top, top_i) float32 and int32 [B, tiles] (`gemv_tiles`): each row's largest value per
+    column tile and its first column. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
     [LOCKS], buffers for the split, made per call when None."""
     B, K = x.shape
     K2, N = weight.shape
@@ -318,8 +321,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock
                      mask=d_ok)
 
 
-def attention_blocks(S, block_s=32, max_splits=64):
-    """(block_s, splits): keys per program and programs per (row, head) for a cache of S slots."""
+def attention_blocks(S, block_s=32, max_splits=None):
+    """(block_s, splits): keys per program and programs per (row, head) for a cache of S slots
+    (at most 64 programs; 1 under the CPU interpreter, which pays per program)."""
+    max_splits = max_splits or (1 if INTERPRET else 64)
     block_s = max(block_s, triton.next_power_of_2(triton.cdiv(S, max_splits)))
     return block_s, triton.next_power_of_2(triton.cdiv(S, block_s))
 
@@ -429,7 +434,7 @@ class Buffers:
         self.h, self.q, self.a = (torch.empty(batch, E, dtype=dt, device=dev) for _ in range(3))
         self.m = torch.empty(batch, 4 * E, dtype=dt, device=dev)
         self.logits = torch.empty(batch, V, dtype=torch.float32, device=dev)
-        tiles = triton.cdiv(V, 64)  # gemv's block_n
+        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev)[1])  # lm_head's column tiles
         self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
         self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
         need = max(scratch_size(batch, K, N, dev)

@@ -11,6 +11,7 @@ HF_REFERENCE = {
     "deferred": dict(),
     "interleaved": dict(),
     "fused": dict(),
+    "gpu_loop": dict(),
 }
 
 

@@ -176,7 +176,7 @@ def test_gemv_argmax_per_tile(B):
     tiles = triton_cdiv(N, 64)
     top = torch.empty(B, tiles, device=DEVICE)
     top_i = torch.empty(B, tiles, dtype=torch.int32, device=DEVICE)
-    y = fused.gemv(x, W, b, argmax=(top, top_i))
+    y = fused.gemv(x, W, b, argmax=(top, top_i), block_n=64)
     for t in range(tiles):
         part = y[:, 64 * t : 64 * t + 64]
         assert torch.equal(top[:, t], part.max(-1).values)
