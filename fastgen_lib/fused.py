@@ -242,23 +242,29 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     return y
 
 
-def fold_layernorm(ln, weight, bias=None):
+def fold_layernorm(ln, weight, bias=None, out=None):
     """(g, c, d, eps) for `gemv(..., ln=...)`: LayerNorm module `ln` before
-    x @ weight [K, N] + bias: c = g @ weight, d = beta @ weight + bias, in float32."""
+    x @ weight [K, N] + bias: c = g @ weight, d = beta @ weight + bias, in float32. `out`: an
+    earlier fold whose c and d are overwritten in place (captured graphs read their addresses)."""
     w = weight.float()
     c = ln.weight.float() @ w
     d = ln.bias.float() @ w + (bias.float() if bias is not None else 0.0)
+    if out is not None:
+        out[1].copy_(c)
+        out[2].copy_(d)
+        return out
     return ln.weight, c.contiguous(), d.contiguous(), ln.eps
 
 
-def fold_layernorms(model):
+def fold_layernorms(model, out=None):
     """Every LayerNorm of GPT2LMHeadModel `model` folded into the GEMV after it: per block (ln_1 into
     c_attn, ln_2 into c_fc), then ln_f into lm_head (with its bias, if `set_eos_bias` gave it one).
-    Made once per model (a few ms)."""
-    tr = model.transformer
-    folds = [(fold_layernorm(b.ln_1, b.attn.c_attn.weight, b.attn.c_attn.bias),
-              fold_layernorm(b.ln_2, b.mlp.c_fc.weight, b.mlp.c_fc.bias)) for b in tr.h]
-    return folds, fold_layernorm(tr.ln_f, model.lm_head.weight.t(), model.lm_head.bias)
+    Made once per step (a few ms), and again, into `out`, when a weight changes in place."""
+    tr, old = model.transformer, out or ([(None, None)] * len(model.transformer.h), None)
+    folds = [(fold_layernorm(b.ln_1, b.attn.c_attn.weight, b.attn.c_attn.bias, o1),
+              fold_layernorm(b.ln_2, b.mlp.c_fc.weight, b.mlp.c_fc.bias, o2))
+             for b, (o1, o2) in zip(tr.h, old[0])]
+    return folds, fold_layernorm(tr.ln_f, model.lm_head.weight.t(), model.lm_head.bias, old[1])
 
 
 # --- attention of one query token over the used slots of the static cache -------------------------------
@@ -492,6 +498,12 @@ def fused_decode_step(model, folds, buf, cache, chooser, tok, step_pos, mask, co
     done.copy_(finished.all())
 
 
+def weights_version(model):
+    """Each weight's in-place write count (`Tensor._version`): it changes when a weight is updated
+    in place, which `steps.weights_key` (addresses) does not see."""
+    return tuple(p._version for p in model.parameters())
+
+
 class FusedStep(GraphStep):
     """A GraphStep whose step is `fused_decode_step`: the same buffers, StaticCache, eager prefill,
     warm-up and one CUDA graph per flag slot; any stop driver drives it. GPT-2 only (GPT2LMHeadModel)."""
@@ -509,8 +521,16 @@ class FusedStep(GraphStep):
             raise ValueError("the fused step needs a CUDA GPU with Triton (on a CPU, only under "
                              "Triton's interpreter: TRITON_INTERPRET=1 before triton is imported)")
         super().__init__(model, batch, length, gen)
-        self.folds = fold_layernorms(model)
+        self.folds, self.versions = fold_layernorms(model), weights_version(model)
         self.buf = Buffers(model, batch, length)
+
+    def prefill(self, input_ids, attention_mask, gen):
+        """GraphStep's prefill, after folding again if a weight changed in place since the folds
+        were made (e.g. `lm_head.bias[EOS] = ...`): the folds are copies, not the weights."""
+        if weights_version(self.model) != self.versions:
+            fold_layernorms(self.model, out=self.folds)
+            self.versions = weights_version(self.model)
+        super().prefill(input_ids, attention_mask, gen)
 
     def run(self, slot):
         fused_decode_step(self.model, self.folds, self.buf, self.cache, self.chooser, self.tok,

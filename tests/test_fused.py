@@ -362,6 +362,28 @@ def test_fused_step_backend_gives_model_generate_tokens(driver, bias, seed):
     assert torch.equal(out, ref), (out, ref)
 
 
+def test_fused_step_folds_again_after_a_weight_changes_in_place():
+    # the folds (c = g @ W, d = beta @ W + b) are copies: a kept step must see `lm_head.bias`
+    # written in place (no new address, so the same step and graphs), as GraphStep's graphs do
+    from fastgen_lib import decoders, stops
+    from fastgen_lib.models import EOS
+    from fastgen_lib.reference import hf_generate
+    from fastgen_lib.steps import GenConfig
+    model = fg.load_model("tiny", device=DEVICE)
+    fg.set_eos_bias(model, 0.01)
+    ids, mask = fg.make_batch(4, 8, mixed=True, seed=4, device=DEVICE)
+    N = 24
+    decoders.decode(model, ids, mask, GenConfig(2, (EOS,), EOS, max_cache_len=8 + N),
+                    fused.FusedStep, stops.deferred)  # makes the step, folds a bias of 0.01
+    with torch.no_grad():
+        model.lm_head.bias[EOS] = 0.6  # rows now stop apart (the test above)
+    ref = hf_generate(model, ids, mask, N, EOS, EOS, cache_implementation="static")
+    out = decoders.decode(model, ids, mask, GenConfig(N, (EOS,), EOS), fused.FusedStep,
+                          stops.deferred)
+    assert len(model.__dict__["_fastgen_steps"]) == 1  # the same step, folded again
+    assert torch.equal(out, ref), (out, ref)
+
+
 def test_fused_step_samples_as_the_other_decoders():
     # sampling goes through steps.choose (the same Gumbel noise per seed and step): the fused step
     # draws the eager static-cache decoder's tokens
