@@ -242,29 +242,35 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     return y
 
 
-def fold_layernorm(ln, weight, bias=None, out=None):
+def fold_layernorm(ln, weight, bias=None):
     """(g, c, d, eps) for `gemv(..., ln=...)`: LayerNorm module `ln` before
-    x @ weight [K, N] + bias: c = g @ weight, d = beta @ weight + bias, in float32. `out`: an
-    earlier fold whose c and d are overwritten in place (captured graphs read their addresses)."""
+    x @ weight [K, N] + bias: c = g @ weight, d = beta @ weight + bias, in float32."""
     w = weight.float()
     c = ln.weight.float() @ w
     d = ln.bias.float() @ w + (bias.float() if bias is not None else 0.0)
-    if out is not None:
-        out[1].copy_(c)
-        out[2].copy_(d)
-        return out
     return ln.weight, c.contiguous(), d.contiguous(), ln.eps
 
 
 def fold_layernorms(model, out=None):
     """Every LayerNorm of GPT2LMHeadModel `model` folded into the GEMV after it: per block (ln_1 into
     c_attn, ln_2 into c_fc), then ln_f into lm_head (with its bias, if `set_eos_bias` gave it one).
-    Made once per step (a few ms), and again, into `out`, when a weight changes in place."""
-    tr, old = model.transformer, out or ([(None, None)] * len(model.transformer.h), None)
-    folds = [(fold_layernorm(b.ln_1, b.attn.c_attn.weight, b.attn.c_attn.bias, o1),
-              fold_layernorm(b.ln_2, b.mlp.c_fc.weight, b.mlp.c_fc.bias, o2))
-             for b, (o1, o2) in zip(tr.h, old[0])]
-    return folds, fold_layernorm(tr.ln_f, model.lm_head.weight.t(), model.lm_head.bias, old[1])
+    Made once per step (a few ms), and again when a weight changes in place: then into the
+    tensors of `out`, the earlier folds, whose addresses the captured graphs read."""
+    tr = model.transformer
+    folds = [(fold_layernorm(b.ln_1, b.attn.c_attn.weight, b.attn.c_attn.bias),
+              fold_layernorm(b.ln_2, b.mlp.c_fc.weight, b.mlp.c_fc.bias)) for b in tr.h]
+    folds = folds, fold_layernorm(tr.ln_f, model.lm_head.weight.t(), model.lm_head.bias)
+    if out is not None:
+        for new, old in zip(_each(folds), _each(out)):
+            old[1].copy_(new[1])  # c
+            old[2].copy_(new[2])  # d
+        return out
+    return folds
+
+
+def _each(folds):
+    """The folds of `fold_layernorms`, one after another."""
+    return [f for pair in folds[0] for f in pair] + [folds[1]]
 
 
 # --- attention of one query token over the used slots of the static cache -------------------------------

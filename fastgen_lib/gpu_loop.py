@@ -21,9 +21,9 @@ typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
 extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(
     cudaGraphConditionalHandle handle, unsigned int value);
 
-extern "C" __global__ void fastgen_loop_condition(cudaGraphConditionalHandle handle,
-                                                  const bool *done, int *left) {
-    bool go = !*done && *left > 0;  // rows left to finish, and tokens left to make
+extern "C" __global__ void fastgen_loop_condition(
+        cudaGraphConditionalHandle handle, const bool *done, int *left) {
+    bool go = !*done && *left > 0;  // rows to finish, and tokens to make
     if (go) *left -= 1;
     cudaGraphSetConditional(handle, go);
 }
@@ -81,11 +81,22 @@ class Loop:
         driver, runtime, _ = bindings()
         dev = step.out.device
         kernel = condition_kernel(dev.index or 0)
-        self.left = torch.zeros((), dtype=torch.int32, device=dev)  # steps still allowed
+        self.left = torch.zeros(1, dtype=torch.int32, device=dev)  # steps still allowed
+        # pinned: [0] the steps a call allows, written by the host before the launch; [1] the
+        # steps it did not run, copied back by the graph itself
+        self.host = torch.zeros(2, dtype=torch.int32, pin_memory=True)
         ptrs = np.array([step.done[0].data_ptr(), self.left.data_ptr()], dtype=np.uint64)
+        # the body's stream, a new one: torch.cuda.Stream() comes round-robin from
+        # a pool of 32, so it can be the very stream that torch.cuda.graph captures on
+        non_blocking = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
+        raw = _check(driver.cuStreamCreate(non_blocking))
+        inner = torch.cuda.ExternalStream(int(raw))
+        to_gpu = runtime.cudaMemcpyKind.cudaMemcpyHostToDevice
+        to_host = runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             outer = torch.cuda.current_stream()
+            copy(self.left, self.host[0], to_gpu, outer)  # the step budget
             _, _, graph, *_ = _check(runtime.cudaStreamGetCaptureInfo(outer.cuda_stream))
             handle = _check(runtime.cudaGraphConditionalHandleCreate(graph, 0, 0))
             # kernel arguments: the address of each argument's value
@@ -93,22 +104,25 @@ class Loop:
                             dtype=np.uint64)
 
             def condition(stream):
-                _check(driver.cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, stream.cuda_stream,
-                                             args.ctypes.data, 0))
+                _check(driver.cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0,  # one thread
+                                             stream.cuda_stream, args.ctypes.data, 0))
 
             condition(outer)  # enter the loop at all?
-            _, _, graph, deps, *_ = _check(runtime.cudaStreamGetCaptureInfo(outer.cuda_stream))
+            _, _, graph, deps, *_ = _check(
+                runtime.cudaStreamGetCaptureInfo(outer.cuda_stream))
             params = driver.CUgraphNodeParams()
             params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
             params.conditional.handle = handle
-            params.conditional.type = driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
+            params.conditional.type = (
+                driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE)
             params.conditional.size = 1
             params.conditional.ctx = _check(driver.cuCtxGetCurrent())
             node = _check(driver.cuGraphAddNode(graph, deps, None, len(deps), params))
-            _check(runtime.cudaStreamUpdateCaptureDependencies(
+            flags = runtime.cudaStreamUpdateCaptureDependenciesFlags
+            _check(runtime.cudaStreamUpdateCaptureDependencies(  # what follows: after it
                 outer.cuda_stream, [node], None, 1,
-                runtime.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies))
-            body, inner = params.conditional.phGraph_out[0], torch.cuda.Stream(dev)
+                flags.cudaStreamSetCaptureDependencies))
+            body = params.conditional.phGraph_out[0]
             _check(runtime.cudaStreamBeginCaptureToGraph(
                 inner.cuda_stream, body, None, None, 0,
                 runtime.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
@@ -119,24 +133,35 @@ class Loop:
             finally:
                 _check(runtime.cudaStreamEndCapture(inner.cuda_stream))
                 torch.cuda.set_stream(outer)
+            copy(self.host[1], self.left, to_host, outer)  # the steps not run
+        _check(driver.cuStreamDestroy(raw))
         self._keep = (ptrs, args, kernel)
+
+
+def copy(dst, src, kind, stream):
+    """One int32 from `src` to `dst` (pinned host memory, or the GPU's) as a graph's memcpy node:
+    captured on `stream`, it runs at every launch and reads or writes the host memory then."""
+    _, runtime, _ = bindings()
+    _check(runtime.cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), 4, kind, stream.cuda_stream))
 
 
 def gpu_loop(step, max_new_tokens, streamer=None):
     """Stop driver, chapter 10: all the steps as one graph launch; the host waits once, at the end,
-    to read how many steps ran. The step must allocate nothing while it runs (`FusedStep` under
-    greedy decoding). Streaming is refused: the host sees no token until the end."""
+    and reads how many steps ran from pinned memory. The step must allocate nothing while it runs
+    (`FusedStep` under greedy decoding). Streaming is refused: the host sees no token until the end."""
     if streamer is not None:
-        raise ValueError("gpu_loop cannot stream: the host sees the tokens only at the end")
+        raise ValueError("gpu_loop cannot stream: the host sees no token "
+                         "until the end")
     if getattr(step.chooser, "do_sample", False) or not hasattr(step, "buf"):
-        raise ValueError("gpu_loop runs the fused step under greedy decoding (a step that "
-                         "allocates nothing): decoder='gpu_loop' without do_sample")
+        raise ValueError("gpu_loop runs the fused step under greedy decoding "
+                         "(a step that allocates nothing): without do_sample")
     loop = step.__dict__.get("_gpu_loop")
     if loop is None:
         loop = step._gpu_loop = Loop(step)
-    loop.left.fill_(max_new_tokens - 1)  # the prompt's token was the first
-    loop.graph.replay()
-    return max_new_tokens - int(loop.left)  # the one host sync: steps that did not run
+    loop.host[0] = max_new_tokens - 1  # the prompt's token was the first
+    loop.graph.replay()  # the one launch: every step, the stop, the count's copy
+    torch.cuda.current_stream().synchronize()  # the one host wait
+    return max_new_tokens - int(loop.host[1])
 
 
 gpu_loop.slots = (0,)

@@ -77,6 +77,17 @@ LESSONS = [
      lambda r: r["ch9_tokens_equal"] == 1),
     ("09_fused", "62 kernels instead of 160 make the batch-1 float32 step faster than interleaved",
      lambda r: r["ch9_fused_kernels_per_step"] <= 70 and r["ch9_speedup_b1_float32"] > 1),
+    ("10_gpu_loop", "gpu_loop gives model.generate's tokens, as fused does",
+     lambda r: r["ch10_tokens_equal"] == 1),
+    ("10_gpu_loop", "one graph launch per call, and the decode steps add no host wait",
+     lambda r: r["ch10_graph_launches_gpu_loop"] == 1 and r["ch10_decode_waits_gpu_loop"] == 0),
+    ("10_gpu_loop", "the host's CPU time grows with the tokens under fused, not under gpu_loop",
+     lambda r: r["ch10_host_cpu_growth_ms_fused_b1"] > 2
+     and r["ch10_host_cpu_growth_ms_gpu_loop_b1"] < 0.1 * r["ch10_host_cpu_growth_ms_fused_b1"]),
+    ("10_gpu_loop", "a busy host slows fused's batch-1 step by over 30%, gpu_loop's by under 10%",
+     lambda r: r["ch10_busy_slowdown_fused_b1"] > 0.3 and r["ch10_busy_slowdown_gpu_loop_b1"] < 0.1),
+    ("10_gpu_loop", "a host-driven loop launches a step past the stop, gpu_loop no launch",
+     lambda r: r["ch10_extra_launches_fused"] == 1 and r["ch10_extra_launches_gpu_loop"] == 0),
 ]
 
 
@@ -146,13 +157,15 @@ def test_code_shown_in_a_chapter_is_the_librarys(path):
             assert inspect.getsource(obj).strip() in shown, f"cell {i}: {expr} changed since the run"
         for module, attr, start, stop in SHOW.findall("".join(c["source"])):
             from fastgen_lib.book import source
-            obj = getattr(importlib.import_module(f"fastgen_lib.{module}"), attr)
+            obj = importlib.import_module(f"fastgen_lib.{module}")
+            for a in attr.split("."):  # a method too: show(gpu_loop.Loop.__init__, ...)
+                obj = getattr(obj, a)
             text = source(obj, start or None, stop or None)
             assert len(text) > 200 and text in shown, f"cell {i}: show({module}.{attr}) changed"
 
 
 # book.show(module.name) or book.show(module.name, "first line's text", "stop line's text")
-SHOW = re.compile(r'show\((\w+)\.(\w+)(?:, "([^"]*)")?(?:, "([^"]*)")?\)')
+SHOW = re.compile(r'show\((\w+)\.([\w.]+)(?:, "([^"]*)")?(?:, "([^"]*)")?\)')
 
 
 def test_show_finds_what_a_chapter_prints():
@@ -161,3 +174,5 @@ def test_show_finds_what_a_chapter_prints():
     (module, attr, start, stop), = SHOW.findall(src)
     text = book.source(getattr(steps, attr), start, stop)
     assert text.startswith("if c.do_sample:") and "return nxt" not in text and "argmax" in text
+    (_, attr, start, stop), = SHOW.findall('show(gpu_loop.Loop.__init__, "to_gpu = ", "self._keep")')
+    assert attr == "Loop.__init__" and start == "to_gpu = " and stop == "self._keep"
