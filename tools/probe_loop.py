@@ -1,10 +1,10 @@
 """The gpu_loop decoder on the GPU (issue 16, chapter 10), beside `fused` (the same step under the
 interleaved driver) and `interleaved` (chapter 8's compiled step), GPT-2 124M, float32, prompt 16:
 
-  python tools/probe_loop.py OUT          tokens (EOS biases that stop no row, or all); ms per
-      step on an idle host and on a busy one (two CPU-bound processes per core of this process's
-      affinity); host API calls per call, from a profiler trace; and the stop's tail: a call that
-      stops on EOS after k tokens against one asked for exactly k
+  python tools/probe_loop.py OUT [main [K]]  tokens (EOS biases that stop no row, or all); ms
+      per step on an idle host and on a busy one (K CPU-bound processes, default 2, per core of
+      this process's affinity); host API calls per call, from a profiler trace; and the stop's
+      tail: a call that stops on EOS after k tokens against one asked for exactly k
   python tools/probe_loop.py OUT cpu      the host's CPU time per call and per decode step, in a
       process whose CUDA context and events block instead of spinning while the host waits (else
       a wait counts as work)
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 OUT, MODE = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "main")
+PER_CORE = int(sys.argv[3]) if len(sys.argv) > 3 else 2  # the busy host's burners per core
 if MODE == "cpu":  # before torch makes the context: block on waits (CU_CTX_SCHED_BLOCKING_SYNC)
     from cuda.bindings import driver
     driver.cuInit(0)
@@ -152,7 +153,7 @@ def main():
     cores = sorted(os.sched_getaffinity(0))
     for host in ("idle", "busy"):
         burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                   for _ in range(2 * len(cores) if host == "busy" else 0)]
+                   for _ in range(PER_CORE * len(cores) if host == "busy" else 0)]
         try:
             time.sleep(1.0 if burners else 0.0)
             for batch in (1, 32):
