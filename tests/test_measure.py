@@ -1,4 +1,6 @@
 """The measuring toolkit on the CPU: timing, rows, floor arithmetic, trace gaps on synthetic traces."""
+import time
+
 import pandas as pd
 import pytest
 import torch
@@ -13,9 +15,25 @@ def model():
 
 
 def test_time_call_excludes_warmup_and_counts_repeats():
+    # the two warm-up calls are slow, the timed ones are not. A round where the host ran slow is
+    # left out and another one runs (compare's pace_slack), so more than 4 calls may be timed
     calls = []
-    times, out = measure.time_call(lambda: calls.append(1) or len(calls), repeats=4, warmup=2)
-    assert len(times) == 4 and len(calls) == 6 and out == 6 and all(t >= 0 for t in times)
+
+    def fn():
+        calls.append(1)
+        if len(calls) <= 2:
+            time.sleep(0.2)
+        return len(calls)
+    times, out = measure.time_call(fn, repeats=4, warmup=2)
+    assert len(times) == 4 and all(0 <= t < 0.1 for t in times)
+    assert len(calls) >= 6 and out == len(calls)
+
+
+def test_compare_without_the_pace_filter_runs_exactly_the_rounds_asked_for():
+    calls = []
+    times, out, stats = measure.compare({"fn": lambda: calls.append(1) or len(calls)}, repeats=4,
+                                        warmup=2, pace_slack=None)
+    assert len(times["fn"]) == 4 and len(calls) == 6 and out["fn"] == 6 and stats["rounds"] == 4
 
 
 def test_measure_row_carries_conditions(model):
