@@ -12,11 +12,9 @@ import torch
 from .measure import sync
 
 
-def profile_decode(fn, path=None):
-    """Profile `fn()` (CPU + CUDA activities) and return the GPU work that the decoder launched, as a
-    DataFrame of intervals: name, stream, start_us, end_us (kernels, memcpys and memsets from the Kineto
-    trace, kept only if launched inside `generate`'s "fastgen.<decoder>" range, so input checks and the
-    caller's own work stay out). `path` keeps the Chrome trace (open it in Perfetto)."""
+def profile_trace(fn, path=None):
+    """Profile `fn()` (CPU + CUDA activities, the GPU synchronized at the end) and return its Chrome
+    trace as a dict. `path` keeps the trace file (open it in Perfetto)."""
     import tempfile
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -28,7 +26,15 @@ def profile_decode(fn, path=None):
     path = path or os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
-        return trace_intervals(json.load(f), annotation="fastgen.")
+        return json.load(f)
+
+
+def profile_decode(fn, path=None):
+    """Profile `fn()` and return the GPU work that the decoder launched, as a DataFrame of
+    intervals: name, stream, start_us, end_us (kernels, memcpys and memsets from the Kineto trace,
+    kept only if launched inside `generate`'s "fastgen.<decoder>" range, so input checks and the
+    caller's own work stay out). `path` keeps the Chrome trace (open it in Perfetto)."""
+    return trace_intervals(profile_trace(fn, path), annotation="fastgen.")
 
 
 def kernel_ms_per_step(fn, steps):

@@ -14,11 +14,9 @@ process first (taskset -c 8-11): the busy-host burners share its cores."""
 import collections
 import functools
 import gc
-import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +37,7 @@ if MODE == "cpu":  # and the drivers' flag events block too (an event's own flag
     torch.cuda.Event = functools.partial(torch.cuda.Event, blocking=True)
 
 import fastgen_lib as fg  # noqa: E402
-from fastgen_lib import measure  # noqa: E402
+from fastgen_lib import measure, traces  # noqa: E402
 from fastgen_lib.models import EOS  # noqa: E402
 
 OUT.mkdir(parents=True, exist_ok=True)
@@ -109,14 +107,8 @@ def host_cpu():
 
 
 def api_calls(fn):
-    """CUDA runtime and driver calls that `fn()` made on the host, by name (profiler trace)."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    path = os.path.join(tempfile.mkdtemp(), "trace.json")
-    prof.export_chrome_trace(path)
-    events = json.load(open(path))["traceEvents"]
+    """CUDA runtime and driver calls that `fn()` made on the host inside `generate`, by name."""
+    events = traces.profile_trace(fn)["traceEvents"]
     (start, end), = [(e["ts"], e["ts"] + e["dur"]) for e in events
                      if e.get("cat") == "user_annotation" and e["name"].startswith("fastgen.")]
     return collections.Counter(e["name"] for e in events if e.get("ph") == "X"
