@@ -38,6 +38,13 @@ LOCKS = 8192  # counters for the split-K reductions: one per column tile (each k
 # --- x @ W + b: split along K, LayerNorm folded in, GELU, a residual or the KV cache after ----------
 
 @triton.jit
+def _weight_tile(w_ptr, ks, cols, k_hi, col_ok, stride_wk, stride_wn):
+    """W's rows ks (those below k_hi) and columns cols: [BLOCK_K, BLOCK_N]."""
+    return tl.load(w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
+                   mask=(ks < k_hi)[:, None] & col_ok[None, :], other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock_ptr,
                  k_ptr, v_ptr, col_ptr, emb_ptr, pe_ptr, tok_ptr, pos_ptr, top_ptr, top_i_ptr,
                  B, K, N, eps, D,
@@ -47,7 +54,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
                  QKV: tl.constexpr, EMBED: tl.constexpr, ARGMAX: tl.constexpr,
                  SPLIT: tl.constexpr, K_CHUNK: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT_F32: tl.constexpr):
+                 DOT_F32: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     # x [B, K] @ W [K, N] (any strides: Conv1D's [in, out], or lm_head's [out, in] transposed).
     # Program (n, s, m): rows m*BLOCK_M.., columns n*BLOCK_N.., and the s-th K_CHUNK rows of W.
     pid_n = tl.program_id(0)
@@ -66,9 +73,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
     acc1 = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)  # one row: products, summed after the loop
     s1 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)    # LayerNorm: sum of x and of x^2
     s2 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    for k0 in range(pid_s * K_CHUNK, tl.minimum(pid_s * K_CHUNK + K_CHUNK, K), BLOCK_K):
+    k_lo = pid_s * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
+    w_next = _weight_tile(w_ptr, k_lo + tl.arange(0, BLOCK_K), cols, k_hi, col_ok,
+                          stride_wk, stride_wn)  # the first tile: before the kernel ahead ends
+    if PDL:  # the weights do not depend on the kernel ahead; x does: wait for it to finish
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()  # and let the kernel after start its own weights
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)                                  # [BLOCK_K]
         k_ok = ks < K
+        w = w_next
+        w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok, stride_wk, stride_wn)
         x_ok = row_ok[:, None] & k_ok[None, :]
         if EMBED:
             x = (tl.load(e_rows[:, None] + ks[None, :], mask=x_ok, other=0.0).to(tl.float32)
@@ -84,8 +100,6 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             s2 += xf * xf
             g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
             x = (xf * g[None, :]).to(w_ptr.dtype.element_ty)
-        w = tl.load(w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                    mask=k_ok[:, None] & col_ok[None, :], other=0.0)     # [BLOCK_K, BLOCK_N]
         if BLOCK_M == 1:  # one row: a broadcast multiply, no padded dot, no reduction yet
             xk = tl.sum(x.to(tl.float32), axis=0)                        # [BLOCK_K]
             acc1 += xk[:, None] * w.to(tl.float32)
@@ -93,7 +107,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             if DOT_F32:  # the CPU interpreter's dot multiplies bfloat16's raw bits: upcast
                 x = x.to(tl.float32)
                 w = w.to(tl.float32)
-            acc = tl.dot(x, w, acc, input_precision="ieee")              # [BLOCK_M, BLOCK_N]
+            acc = tl.dot(x, w, acc, input_precision=PRECISION)           # [BLOCK_M, BLOCK_N]
     if BLOCK_M == 1:
         acc = tl.sum(acc1, axis=0)[None, :]  # across threads, once
     if LN:
@@ -190,7 +204,7 @@ def scratch_size(B, K, N, device, **tiles):
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
          argmax=None, out=None, scratch=None, block_n=None, block_k=64,
-         programs_per_sm=PROGRAMS_PER_SM, num_warps=4):
+         programs_per_sm=PROGRAMS_PER_SM, num_warps=4, pdl=False):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
     ln=(g, c, d, eps): x is LayerNorm'd first (weight g [K]), folded in: c = g @ weight and
@@ -200,7 +214,9 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     embed=(wte, wpe, tok, pos): x is wte[tok] + wpe[pos] (tok, pos [B, 1]), also written into x.
     argmax=(top, top_i) float32 and int32 [B, tiles] (`gemv_tiles`): each row's largest value per
     column tile and its first column. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
-    [LOCKS], buffers for the split, made per call when None."""
+    [LOCKS], buffers for the split, made per call when None. pdl=True: launched as a programmatic
+    dependent launch (`supports_pdl`): the kernel reads its first weight tile while the kernel
+    ahead of it in the stream finishes."""
     B, K = x.shape
     K2, N = weight.shape
     assert K == K2 and bias.shape == (N,), (x.shape, weight.shape, bias.shape)
@@ -238,7 +254,9 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
         LN=ln is not None, GELU=gelu, RESIDUAL=residual is not None, QKV=qkv is not None,
         EMBED=embed is not None, ARGMAX=argmax is not None,
         SPLIT=split, K_CHUNK=k_chunk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        DOT_F32=INTERPRET and weight.dtype != torch.float32, num_warps=num_warps)
+        DOT_F32=INTERPRET and weight.dtype != torch.float32,
+        PRECISION="tf32x3" if weight.dtype == torch.float32 and not INTERPRET else "ieee",
+        PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
     return y
 
 
@@ -280,11 +298,14 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock
                       H, S, D, scale,
                       stride_qb, stride_kb, stride_kh, stride_ks, stride_mb, stride_ob,
                       HAS_COL: tl.constexpr, SPLITS: tl.constexpr,
-                      BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                      BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     # q [B, H*D], K/V [B, H, S, D] (the cache), mask [B, S] (nonzero = attend) -> o [B, H*D].
     # Program (b*H + h, s) takes keys s*BLOCK_S.. up to column `col` (the later slots are unused):
     # a softmax over its block (float32), left as (max, sum, weighted values); the last program
     # of (b, h) to finish combines the blocks, as flash-decoding does.
+    if PDL:  # everything here depends on the kernel ahead: wait, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     b = pid // H
@@ -342,12 +363,12 @@ def attention_blocks(S, block_s=32, max_splits=None):
 
 
 def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=None, block_s=32,
-              num_warps=2):
+              num_warps=2, pdl=False):
     """softmax(q . K^T * scale, masked) @ V for one query token per row and head: q [B, H*D],
     keys/values [B, H, S, D], mask [B, S] (bool or int, nonzero = attend) -> [B, H*D] in values'
     dtype (or into `out`). With `col` (0-d tensor), only slots 0..col are read: the later ones are
     unused. scale defaults to D ** -0.5. scratch=(partials, locks), as `gemv`'s: float32
-    [>= B*H*splits*(D+2)] and int32 zeros [>= B*H]."""
+    [>= B*H*splits*(D+2)] and int32 zeros [>= B*H]. pdl: as `gemv`'s."""
     B, H, S, D = keys.shape
     assert q.shape == (B, H * D) and values.shape == keys.shape and mask.shape == (B, S), \
         (q.shape, keys.shape, values.shape, mask.shape)
@@ -367,7 +388,7 @@ def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=Non
         D ** -0.5 if scale is None else scale,
         q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), mask.stride(0), o.stride(0),
         HAS_COL=col is not None, SPLITS=splits, BLOCK_S=block_s, BLOCK_D=block_d,
-        num_warps=num_warps)
+        PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
     return o
 
 
@@ -376,10 +397,14 @@ def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=Non
 @triton.jit
 def _greedy_tail_kernel(val_ptr, idx_ptr, fin_ptr, pad_ptr, eos_ptr, out_ptr, tok_ptr, pos_ptr,
                         col_ptr, done_ptr, lock_ptr, B, V, N_EOS, stride_vb, stride_ob,
-                        HAS_IDX: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_B: tl.constexpr):
+                        HAS_IDX: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_B: tl.constexpr,
+                        PDL: tl.constexpr):
     # One program per row: the first index of the row's largest value (torch.argmax's choice), then
     # `choose` and `decode_step`'s writes. The last row to finish sets done and col += 1.
     # HAS_IDX: the values are per-tile maxima, with their indices in idx_ptr (gemv's argmax).
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
     best_i = tl.zeros([BLOCK_V], dtype=tl.int32)
@@ -414,12 +439,12 @@ def _greedy_tail_kernel(val_ptr, idx_ptr, fin_ptr, pad_ptr, eos_ptr, out_ptr, to
 
 
 def greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, locks, tiles=None,
-                block_v=1024):
+                block_v=1024, pdl=False):
     """`choose` under greedy decoding plus the rest of `decode_step`, in one kernel: the next token
     (argmax of logits [B, V] float32; pad for finished rows; EOS finishes a row) into `out` at column
     col + 1 and into `tok` [B, 1]; step_pos += 1; done = all(finished); col += 1.
     tiles=(top, top_i) from `gemv(..., argmax=...)`: the argmax is taken over those per-tile maxima
-    instead of the whole row (a few hundred values, not V)."""
+    instead of the whole row (a few hundred values, not V). pdl: as `gemv`'s."""
     B = logits.shape[0]
     assert not chooser.do_sample and logits.stride(-1) == 1 and out.stride(-1) == 1
     vals, idx = tiles if tiles is not None else (logits, logits)
@@ -429,7 +454,7 @@ def greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, locks,
         vals, idx, finished.view(torch.uint8), chooser.pad, chooser.eos, out, tok, step_pos, col,
         done.view(torch.uint8), locks, B, vals.shape[1], n_eos, vals.stride(0), out.stride(0),
         HAS_IDX=tiles is not None, BLOCK_V=min(block_v, triton.next_power_of_2(vals.shape[1])),
-        BLOCK_B=triton.next_power_of_2(B))
+        BLOCK_B=triton.next_power_of_2(B), PDL=pdl, **({"launch_pdl": True} if pdl else {}))
 
 
 # --- GPT-2's decode step from these kernels ----------------------------------------------------------------
@@ -458,7 +483,7 @@ class Buffers:
 
 
 @torch.no_grad()
-def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col):
+def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False):
     """One decode step of GPT2LMHeadModel with the fused kernels: tok [B, 1] token ids
     at column `col` (0-d tensor), step_pos [B, 1] their position ids, mask [B, L] the
     attention mask over all L slots of the prefilled StaticCache `cache`; `folds` from
@@ -466,36 +491,37 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col):
     `col` -> float32 logits [B, V] (buf.logits), equal to
     `steps.forward(model, tok, mask, step_pos, cache)`, and their per-tile maxima
     (buf.top, buf.top_i). The cache's own counters are not advanced: `col` is the step's
-    column."""
+    column. pdl=True: every kernel after the first starts while the one ahead finishes."""
     tr = model.transformer
-    h, q, a, m, sc = buf.h, buf.q, buf.a, buf.m, buf.scratch
+    h, q, a, m = buf.h, buf.q, buf.a, buf.m
+    kw = dict(scratch=buf.scratch, pdl=pdl)
     embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, into h
     for block, layer, (ln_1, ln_2) in zip(tr.h, cache.layers, folds[0]):
         at, mlp = block.attn, block.mlp
         gemv(h, at.c_attn.weight, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
-             scratch=sc, qkv=(layer.keys, layer.values, col))           # q [B, E]
+             qkv=(layer.keys, layer.values, col), **kw)                 # q [B, E]
         embed = None
-        attention(q, layer.keys, layer.values, mask, col, out=a, scratch=sc)  # [B, E]
-        gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, scratch=sc)
-        gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, scratch=sc)
-        gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, scratch=sc)
+        attention(q, layer.keys, layer.values, mask, col, out=a, **kw)  # [B, E]
+        gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw)
+        gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw)
+        gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, **kw)
     lm_head = model.lm_head.weight.t()                                  # [E, V] view
-    return gemv(h, lm_head, folds[1][2], ln=folds[1], out=buf.logits, scratch=sc,
-                argmax=(buf.top, buf.top_i))
+    return gemv(h, lm_head, folds[1][2], ln=folds[1], out=buf.logits,
+                argmax=(buf.top, buf.top_i), **kw)
 
 
 # --- the step backend on the seam (steps.GraphStep with this forward) ----------------------------------------
 
 def fused_decode_step(model, folds, buf, cache, chooser, tok, step_pos, mask, col, finished,
-                      out, done):
+                      out, done, pdl=False):
     """`steps.decode_step` with `fused_forward` in place of the model's forward: the next token into
     `out` at column col + 1 and into `tok`, the position and the column advanced, `done` set. Greedy
     decoding chooses in one kernel (`greedy_tail`); sampling through `steps.choose`. In place only,
     so it replays as a CUDA graph."""
-    logits = fused_forward(model, folds, buf, tok, step_pos, mask, cache, col)
+    logits = fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl)
     if not chooser.do_sample:
         return greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, buf.scratch[1],
-                           tiles=(buf.top, buf.top_i))
+                           tiles=(buf.top, buf.top_i), pdl=pdl)
     col += 1
     nxt = choose(logits, finished, col, chooser)
     out.index_copy_(1, col.view(1), nxt[:, None])
@@ -510,9 +536,19 @@ def weights_version(model):
     return tuple(p._version for p in model.parameters())
 
 
+def supports_pdl(device):
+    """Whether kernels on `device` can be launched as programmatic dependent launches: a CUDA GPU
+    of compute capability 9.0 or later (Hopper), not Triton's interpreter."""
+    return (device.type == "cuda" and not INTERPRET
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 class FusedStep(GraphStep):
     """A GraphStep whose step is `fused_decode_step`: the same buffers, StaticCache, eager prefill,
-    warm-up and one CUDA graph per flag slot; any stop driver drives it. GPT-2 only (GPT2LMHeadModel)."""
+    warm-up and one CUDA graph per flag slot; any stop driver drives it. GPT-2 only (GPT2LMHeadModel).
+    pdl: the kernels as programmatic dependent launches; None: where the GPU has them."""
+
+    pdl = None
 
     def __init__(self, model, batch, length, gen):
         cfg = model.config
@@ -529,6 +565,7 @@ class FusedStep(GraphStep):
         super().__init__(model, batch, length, gen)
         self.folds, self.versions = fold_layernorms(model), weights_version(model)
         self.buf = Buffers(model, batch, length)
+        self.pdl = supports_pdl(model.device) if self.pdl is None else self.pdl
 
     def prefill(self, input_ids, attention_mask, gen):
         """GraphStep's prefill, after folding again if a weight changed in place since the folds
@@ -541,4 +578,4 @@ class FusedStep(GraphStep):
     def run(self, slot):
         fused_decode_step(self.model, self.folds, self.buf, self.cache, self.chooser, self.tok,
                           self.step_pos, self.mask, self.col, self.finished, self.out,
-                          self.done[slot])
+                          self.done[slot], self.pdl)

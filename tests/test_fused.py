@@ -122,6 +122,35 @@ def test_gemv_ragged_sizes_strided_rows_and_scratch_reuse():
         assert not scratch[1].any()
 
 
+@pytest.mark.skipif(not fused.supports_pdl(torch.device(DEVICE)),
+                    reason="programmatic dependent launch needs a CUDA GPU of compute capability 9+")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B", [1, 32])
+def test_gemv_chain_with_pdl_equals_without(B, dtype):
+    # 40 GEMVs, each reading what the one before wrote (in place, with a residual), replayed as
+    # one CUDA graph so that each launch is queued before the kernel ahead ends: as programmatic
+    # dependent launches, a kernel that read x too early would give other numbers; the same
+    # kernels in the same order give the same bits
+    E = 768
+    layers = [linear(E, E, dtype) for _ in range(40)]
+    x = rand(B, E, dtype=dtype)
+    got, want = x.clone(), x.clone()
+    scratch = (torch.empty(fused.scratch_size(B, E, E, got.device), device=DEVICE),
+               torch.zeros(fused.LOCKS, dtype=torch.int32, device=DEVICE))
+
+    def chain(y, pdl):
+        for w, b in layers:
+            fused.gemv(y, w, b, residual=y, out=y, scratch=scratch, pdl=pdl)
+
+    chain(x.clone(), True)  # compiles, outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain(got, True)
+    graph.replay()
+    chain(want, False)
+    assert torch.equal(got, want) and got.isfinite().all()
+
+
 def test_gemv_splits_k_on_a_small_matrix():
     # a 768-column projection has 12 column tiles: it needs a split to fill the GPU
     assert fused.gemv_tiles(1, 768, 768, torch.device(DEVICE))[3] > 1

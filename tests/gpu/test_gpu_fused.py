@@ -32,3 +32,23 @@ def test_fused_step_gives_compileds_tokens(model, driver, batch, bias):
         got = decoders.decode(model, ids, mask, gen, fused.FusedStep, getattr(stops, driver))
     d = first_divergence(model, ids, mask, want, got)
     assert d is None or d.get("top2_gap", 1.0) < 1e-4, d
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_step_with_pdl_equals_without(dtype):
+    # on a GPU that has them (Hopper on), FusedStep launches its kernels as programmatic dependent
+    # launches: the same kernels in the same order, so the same tokens to the bit as without
+    class NoPDL(fused.FusedStep):
+        pdl = False
+
+    m = fg.load_model("124m", device="cuda", dtype=dtype, weights="random")
+    fg.set_eos_bias(m, 2.0)  # rows stopping apart
+    assert fused.supports_pdl(m.device)
+    ids, mask = fg.make_batch(8, 16, mixed=True, seed=8, device="cuda")
+    gen = GenConfig(60, (EOS,), EOS)
+    with torch.inference_mode():
+        got = decoders.decode(m, ids, mask, gen, fused.FusedStep, stops.interleaved)
+        want = decoders.decode(m, ids, mask, gen, NoPDL, stops.interleaved)
+    assert m.__dict__["_fastgen_steps"] and all(
+        s.pdl for s in m.__dict__["_fastgen_steps"].values() if type(s) is fused.FusedStep)
+    assert torch.equal(got, want)
