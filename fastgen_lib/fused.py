@@ -83,8 +83,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)                                  # [BLOCK_K]
         k_ok = ks < K
-        w = w_next
-        w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok, stride_wk, stride_wn)
+        if BLOCK_M == 1:  # the next tile is read while this one is summed
+            w = w_next
+            w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok, stride_wk, stride_wn)
+        else:  # (tl.dot's loop: Triton pipelines the reads itself; the first tile is dropped)
+            w = _weight_tile(w_ptr, ks, cols, k_hi, col_ok, stride_wk, stride_wn)
         x_ok = row_ok[:, None] & k_ok[None, :]
         if EMBED:
             x = (tl.load(e_rows[:, None] + ks[None, :], mask=x_ok, other=0.0).to(tl.float32)

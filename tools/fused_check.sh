@@ -2,6 +2,8 @@
 # The fused decoder on a GPU host, from the repo root (OUT: where results go):
 #   OUT=... bash tools/fused_check.sh check   # kernel and token tests, then the bench and kernel counts
 #   OUT=... bash tools/fused_check.sh tune    # the GEMV's tiles (tools/tune_fused.py)
+#   OUT=... bash tools/fused_check.sh book    # chapter 9's tables: the bench, PDL on and off,
+#       kernels per step, each kernel's time, each GEMV alone (default tiles); packed as run.tgz
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -9,7 +11,7 @@ PIN=${PIN:-8-11}
 nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv | tee "$OUT/gpu_state.txt"
 case "${1:-check}" in
   check)
-    timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py \
+    timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py \
       tests/gpu/test_gpu_fused.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
     taskset -c "$PIN" timeout 200 python3 -m fastgen_lib bench --batch 1 32 --dtype float32 \
       bfloat16 --methods interleaved fused --repeats 10 --out "$OUT/bench" 2>&1 \
@@ -20,6 +22,18 @@ case "${1:-check}" in
     timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py 2>&1 | tail -3
     timeout 150 python3 tools/probe_fused.py "$OUT/probe_fused.csv" 2>&1
     timeout ${TUNE_S:-300} python3 tools/tune_fused.py "$OUT/tune.csv" 2>&1 | tail -60
+    ;;
+  book)
+    pack() { tar czf "$OUT/run.tgz" -C "$OUT" --exclude run.tgz .; }
+    taskset -c "$PIN" timeout 200 python3 -m fastgen_lib bench --batch 1 32 --dtype float32 \
+      bfloat16 --methods interleaved fused --repeats 10 --out "$OUT" 2>&1 \
+      | grep -v "it/s" | tee "$OUT/bench_log.txt"; pack
+    taskset -c "$PIN" timeout 150 python3 tools/probe_pdl.py "$OUT" 2>&1 | grep -v "it/s" \
+      | tee "$OUT/probe_pdl_log.txt"; pack
+    timeout 100 python3 tools/probe_kernels.py "$OUT/kernels.csv" interleaved fused 2>&1 \
+      | tail -12; pack
+    timeout 100 python3 tools/probe_fused.py "$OUT/probe_fused.csv" 2>&1 | tail -3; pack
+    timeout 60 python3 tools/tune_fused.py "$OUT/tune.csv" defaults 2>&1 | tail -3; pack
     ;;
   tune)
     timeout 560 python3 tools/tune_fused.py "$OUT/tune.csv" 2>&1 | tail -60
