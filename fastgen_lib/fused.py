@@ -75,18 +75,20 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
     s2 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     k_lo = pid_s * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
+    # the first tile of W, read while the kernel ahead may still run (with PDL)
     w_next = _weight_tile(w_ptr, k_lo + tl.arange(0, BLOCK_K), cols, k_hi, col_ok,
-                          stride_wk, stride_wn)  # the first tile: before the kernel ahead ends
+                          stride_wk, stride_wn)
     if PDL:  # the weights do not depend on the kernel ahead; x does: wait for it to finish
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()  # and let the kernel after start its own weights
+        tl.extra.cuda.gdc_launch_dependents()  # the kernel after may start on its weights
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)                                  # [BLOCK_K]
         k_ok = ks < K
         if BLOCK_M == 1:  # the next tile is read while this one is summed
             w = w_next
-            w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok, stride_wk, stride_wn)
-        else:  # (tl.dot's loop: Triton pipelines the reads itself; the first tile is dropped)
+            w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok,
+                                  stride_wk, stride_wn)
+        else:  # tl.dot's loop: Triton pipelines its reads (the first tile above is unused)
             w = _weight_tile(w_ptr, ks, cols, k_hi, col_ok, stride_wk, stride_wn)
         x_ok = row_ok[:, None] & k_ok[None, :]
         if EMBED:
