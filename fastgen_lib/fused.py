@@ -16,9 +16,12 @@ last program of a column tile to finish (an atomic counter) sums the partial sum
 and applies the epilogue. LayerNorm is folded into the GEMV: with mean mu, 1/std r, weight g, bias
 beta, LN(x) @ W + b = r * (sum_k x_k g_k W_kn - mu * c_n) + d_n, where c = g @ W and
 d = beta @ W + b are computed once per model (`fold_layernorms`): no pass over x before the GEMV.
-Every kernel takes float32 or bfloat16 and accumulates in float32 (float32 dots in IEEE precision,
-never TF32). Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU
-tensors (the tests).
+Every kernel takes float32 or bfloat16 and accumulates in float32; at batch > 1, float32 dots run
+on the tensor cores as three TF32 products each ("tf32x3": about IEEE float32's accuracy). On a
+Hopper GPU the kernels are programmatic dependent launches (PDL): each starts while the kernel ahead
+finishes, a GEMV reading its first weight tile before it waits (`gdc_wait`) for the kernel ahead.
+Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU tensors (the
+tests), with IEEE dots and no PDL.
 """
 import math
 import os
