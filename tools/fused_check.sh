@@ -3,7 +3,8 @@
 #   OUT=... bash tools/fused_check.sh check   # kernel and token tests, then the bench and kernel counts
 #   OUT=... bash tools/fused_check.sh tune    # the GEMV's tiles (tools/tune_fused.py)
 #   OUT=... bash tools/fused_check.sh book    # chapter 9's tables: the bench, PDL on and off,
-#       kernels per step, each kernel's time, each GEMV alone (default tiles); packed as run.tgz
+#       kernels per step, each kernel's time, each GEMV alone (default tiles), into R
+#       (default results/h200/fused/run), packed as $OUT/run.tgz
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -23,17 +24,21 @@ case "${1:-check}" in
     timeout 150 python3 tools/probe_fused.py "$OUT/probe_fused.csv" 2>&1
     timeout ${TUNE_S:-300} python3 tools/tune_fused.py "$OUT/tune.csv" 2>&1 | tail -60
     ;;
-  book)
-    pack() { tar czf "$OUT/run.tgz" -C "$OUT" --exclude run.tgz .; }
+  book)  # into R (in the tree, kept between calls), packed into $OUT/run.tgz after each step: the
+    # device tool brings back only a few loose files
+    R=${R:-results/h200/fused/run}; mkdir -p "$R"; cp "$OUT/gpu_state.txt" "$R/"
+    pack() { tar czf "$OUT/run.tgz" "$R"; }
     taskset -c "$PIN" timeout 200 python3 -m fastgen_lib bench --batch 1 32 --dtype float32 \
-      bfloat16 --methods interleaved fused --repeats 10 --out "$OUT" 2>&1 \
-      | grep -v "it/s" | tee "$OUT/bench_log.txt"; pack
-    taskset -c "$PIN" timeout 150 python3 tools/probe_pdl.py "$OUT" 2>&1 | grep -v "it/s" \
-      | tee "$OUT/probe_pdl_log.txt"; pack
-    timeout 100 python3 tools/probe_kernels.py "$OUT/kernels.csv" interleaved fused 2>&1 \
-      | tail -12; pack
-    timeout 100 python3 tools/probe_fused.py "$OUT/probe_fused.csv" 2>&1 | tail -3; pack
-    timeout 60 python3 tools/tune_fused.py "$OUT/tune.csv" defaults 2>&1 | tail -3; pack
+      bfloat16 --methods interleaved fused --repeats 10 --out "$R" 2>&1 \
+      | grep -v "it/s" > "$R/bench_log.txt"; pack
+    taskset -c "$PIN" timeout 150 python3 tools/probe_pdl.py "$R" 2>&1 | grep -v "it/s" \
+      > "$R/probe_pdl_log.txt"; pack
+    timeout 170 python3 tools/probe_kernels.py "$R/kernels.csv" interleaved fused \
+      > "$R/probe_kernels_log.txt" 2>&1; pack
+    timeout 100 python3 tools/probe_fused.py "$R/probe_fused.csv" > "$R/probe_fused_log.txt" 2>&1
+    pack
+    timeout 60 python3 tools/tune_fused.py "$R/tune.csv" defaults > "$R/tune_log.txt" 2>&1; pack
+    tail -n 3 "$R"/*_log.txt
     ;;
   tune)
     timeout 560 python3 tools/tune_fused.py "$OUT/tune.csv" 2>&1 | tail -60
