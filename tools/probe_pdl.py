@@ -3,8 +3,8 @@ first weight tile, then waits (griddepcontrol.wait) for the kernel ahead to fini
 lets the next one launch as soon as its own wait is over. Does that take the ~4 µs of fixed cost
 per kernel off the step, and are the tokens unchanged? `FusedStep` with pdl on and off, under
 the interleaved driver, prompt 16 mixed, 100 new tokens, float32 and bfloat16, batch 1 and 32:
-ms per step (`measure.compare`, alternated, 10 rounds: a 100-token call minus a 1-token call,
-over 99 steps), tokens against each other and against model.generate.
+ms per step (`measure.measure_calls`: a 100-token call minus a 1-token call, alternated,
+10 rounds), tokens against each other and against model.generate.
 Usage: python tools/probe_pdl.py OUT_DIR"""
 import pathlib
 import sys
@@ -35,22 +35,21 @@ for dtype in (torch.float32, torch.bfloat16):
         ids, mask = fg.make_batch(batch, 16, mixed=True, seed=batch, device="cuda")
         ref = hf_generate(model, ids, mask, N, EOS, EOS)
 
-        def call(step, n):
-            gen = GenConfig(n, (EOS,), EOS, max_cache_len=16 + N)
-            return lambda: decode(model, ids, mask, gen, step, stops.interleaved)
+        def call(step):
+            def c(n=N):
+                gen = GenConfig(n, (EOS,), EOS, max_cache_len=16 + N)
+                return decode(model, ids, mask, gen, step, stops.interleaved)
+            return c
 
-        steps = {"pdl": fused.FusedStep, "no_pdl": NoPDL}
-        calls = {f"{k}@{n}": call(s, n) for k, s in steps.items() for n in (N, 1)}
-        times, outs, _ = measure.compare(calls, repeats=10)
-        for k in steps:
-            per_step = [(a - b) / (N - 1) * 1e3
-                        for a, b in zip(times[f"{k}@{N}"], times[f"{k}@1"])]
-            med, q1, q3 = measure.spread(per_step)
-            o = outs[f"{k}@{N}"]
+        timed, outs = measure.measure_calls(
+            model, ids, {"pdl": call(fused.FusedStep), "no_pdl": call(NoPDL)}, N, repeats=10)
+        for r in timed:
+            o = outs[r["method"]]
             d = first_divergence(model, ids, mask, ref, o)
-            rows.append({"dtype": str(dtype).split(".")[-1], "batch": batch, "launch": k,
-                         "ms_per_step": med, "q1": q1, "q3": q3,
-                         "tokens_equal_no_pdl": torch.equal(o, outs[f"no_pdl@{N}"]),
+            rows.append({"dtype": str(dtype).split(".")[-1], "batch": batch, "launch": r["method"],
+                         "ms_per_step": r["ms_per_step"], "q1": r["ms_per_step_q1"],
+                         "q3": r["ms_per_step_q3"],
+                         "tokens_equal_no_pdl": torch.equal(o, outs["no_pdl"]),
                          "tokens_equal_model_generate": torch.equal(o, ref),
                          "divergence": d})
             print(rows[-1], flush=True)

@@ -1,12 +1,13 @@
 """Issue 14: at batch 32 in float32, the fused step's lm_head takes ~350 µs (cuBLAS: 84), because
 its tl.dot multiplies float32 with input_precision="ieee" (no tensor cores). Does "tf32x3" (three
 TF32 tensor-core products per float32 product: about float32's accuracy) give the speed, and the
-same tokens? The library's fused.py is loaded twice, as is and with the dot's precision replaced:
+same tokens? (The library has since adopted tf32x3.) fused.py is loaded twice, with float32's
+dot precision set to each:
   1. the lm_head GEMV alone (x [B, 768] @ wte.T, B = 8, 16, 32), each precision and column tile,
      timed as tools/tune_fused.py does (20 calls in a CUDA graph on 20 copies of the weight), with
      its largest error against float64 and how many rows' argmax differ from float64's;
   2. the whole fused step under the interleaved driver, batch 32, 100 tokens: tokens against
-     model.generate, and ms per step (`measure.compare`, alternated, 10 rounds).
+     model.generate, and ms per step (`measure.measure_calls`, alternated, 10 rounds).
 Usage: python tools/probe_precision.py OUT_DIR"""
 import importlib.util
 import pathlib
@@ -31,9 +32,9 @@ out.mkdir(parents=True, exist_ok=True)
 def variant(precision):
     """fastgen_lib.fused with its tl.dot's input_precision set to `precision`."""
     src = pathlib.Path(fused.__file__).read_text()
-    assert src.count('input_precision="ieee"') == 1
+    assert src.count('PRECISION="tf32x3" if') == 1  # float32's choice in `gemv`
     path = pathlib.Path(tempfile.mkdtemp()) / f"fused_{precision}.py"
-    path.write_text(src.replace('input_precision="ieee"', f'input_precision="{precision}"'))
+    path.write_text(src.replace('PRECISION="tf32x3" if', f'PRECISION="{precision}" if'))
     spec = importlib.util.spec_from_file_location(f"fastgen_lib.fused_{precision}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -86,18 +87,19 @@ N, steps_rows = 100, []
 ref = hf_generate(model, ids, mask, N, EOS, EOS)
 
 
-def call(mod, n):
-    return lambda: decode(model, ids, mask, GenConfig(n, (EOS,), EOS, max_cache_len=16 + N),
-                          mod.FusedStep, stops.interleaved)
+def call(mod):
+    def c(n=N):
+        gen = GenConfig(n, (EOS,), EOS, max_cache_len=16 + N)
+        return decode(model, ids, mask, gen, mod.FusedStep, stops.interleaved)
+    return c
 
 
-calls = {f"{p}@{n}": call(mod, n) for p, mod in MODS.items() for n in (N, 1)}
-times, outs, _ = measure.compare(calls, repeats=10)
-for p in MODS:
-    per_step = [(a - b) / (N - 1) * 1e3 for a, b in zip(times[f"{p}@{N}"], times[f"{p}@1"])]
-    med, q1, q3 = measure.spread(per_step)
-    o = outs[f"{p}@{N}"]
-    steps_rows.append({"precision": p, "batch": 32, "ms_per_step": med, "q1": q1, "q3": q3,
+timed, outs = measure.measure_calls(model, ids, {p: call(mod) for p, mod in MODS.items()}, N,
+                                    repeats=10)
+for r in timed:
+    o = outs[r["method"]]
+    steps_rows.append({"precision": r["method"], "batch": 32, "ms_per_step": r["ms_per_step"],
+                       "q1": r["ms_per_step_q1"], "q3": r["ms_per_step_q3"],
                        "tokens_equal_model_generate": torch.equal(o, ref),
                        "divergence": first_divergence(model, ids, mask, ref, o)})
     print(steps_rows[-1], flush=True)
