@@ -11,7 +11,6 @@ signature and, under greedy decoding, the same tokens as `model.generate`:
     interleaved    7   GraphStep     interleaved  deferred on two CUDA streams in ping-pong
     fused          9   FusedStep     interleaved  the step as Triton kernels (GPT-2, CUDA only)
     gpu_loop      10   FusedStep     gpu_loop     every step and the stop in one CUDA graph launch
-                                               (SerialFusedStep: its kernels without PDL)
 
 `generate()` is the entry point. A GraphStep is kept on the model for the next call with the same
 shapes and settings (its compile, graphs and buffers); `reset(model)` frees them.
@@ -34,23 +33,15 @@ class Fused:
     runs, a model that is not GPT-2 or not on a CUDA GPU (on a CPU it runs only under Triton's
     interpreter, TRITON_INTERPRET=1 before triton is imported: the CPU tests)."""
     graph = True  # one CUDA graph per flag slot: two streams may run it
-    serial = False  # True: `fused.SerialFusedStep`, its kernels launched one after another
 
     @classmethod
     def start(cls, model, input_ids, attention_mask, gen, slots=(0,)):
         try:
-            from .fused import FusedStep, SerialFusedStep
+            from .fused import FusedStep
         except ImportError as e:
             raise ValueError(f"the fused decoder needs Triton ({e}); it comes with torch's CUDA "
                              "builds on Linux") from e
-        step = SerialFusedStep if cls.serial else FusedStep
-        return step.start(model, input_ids, attention_mask, gen, slots)
-
-
-class SerialFused(Fused):
-    """`Fused` without programmatic dependent launches: gpu_loop's step, until PDL inside a CUDA
-    graph's conditional body has been checked on a GPU."""
-    serial = True
+        return FusedStep.start(model, input_ids, attention_mask, gen, slots)
 
 
 DECODERS = {  # public name -> (step backend, stop driver)
@@ -61,7 +52,7 @@ DECODERS = {  # public name -> (step backend, stop driver)
     "deferred": (GraphStep, deferred),
     "interleaved": (GraphStep, interleaved),
     "fused": (Fused, interleaved),
-    "gpu_loop": (SerialFused, gpu_loop),
+    "gpu_loop": (Fused, gpu_loop),
 }
 
 

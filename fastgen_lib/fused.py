@@ -587,9 +587,3 @@ class FusedStep(GraphStep):
         fused_decode_step(self.model, self.folds, self.buf, self.cache, self.chooser, self.tok,
                           self.step_pos, self.mask, self.col, self.finished, self.out,
                           self.done[slot], self.pdl)
-
-
-class SerialFusedStep(FusedStep):
-    """FusedStep with its kernels launched one after another, without PDL: the step of the
-    `gpu_loop` decoder, until PDL inside a CUDA graph's conditional body is checked on a GPU."""
-    pdl = False

@@ -89,8 +89,9 @@ class Loop:
         # the body's stream, a new one: torch.cuda.Stream() comes round-robin from
         # a pool of 32, so it can be the very stream that torch.cuda.graph captures on
         non_blocking = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
-        raw = _check(driver.cuStreamCreate(non_blocking))
-        inner = torch.cuda.ExternalStream(int(raw))
+        with torch.cuda.device(dev):  # on the step's GPU
+            raw = _check(driver.cuStreamCreate(non_blocking))
+        inner = torch.cuda.ExternalStream(int(raw), device=dev)
         to_gpu = runtime.cudaMemcpyKind.cudaMemcpyHostToDevice
         to_host = runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost
         self.graph = torch.cuda.CUDAGraph()

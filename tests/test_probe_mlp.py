@@ -1,0 +1,78 @@
+"""tools/probe_mlp.py: GPT-2's MLP as one Triton kernel, an experiment kept out of the library (it
+measured slower than the two GEMVs, results/h200/fused/mlp/). Its kernel against PyTorch, and a
+step built on it against model.generate, so that the measured variant is a correct one. Without
+CUDA the kernel runs under Triton's CPU interpreter (tests/conftest.py)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed: the fused kernels need it")
+
+import torch.nn.functional as F  # noqa: E402
+
+import fastgen_lib as fg  # noqa: E402
+from fastgen_lib import fused  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("probe_mlp", ROOT / "tools" / "probe_mlp.py")
+probe_mlp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe_mlp)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
+# width, hidden size, block_j, group: 16 programs in one group; 64 in 16 groups; 20 in groups
+# of 8, 8, 4; on a GPU also GPT-2 124M's MLP (the interpreter pays per program)
+SPLITS = [(64, 256, 16, 16), (64, 256, 4, 4), (64, 320, 16, 8)]
+SPLITS += [(768, 3072, 16, 16)] if DEVICE == "cuda" else []
+
+
+def rand(*shape, dtype, scale=1.0):
+    return (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("E, Fh, block_j, group", SPLITS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B", [1, 3])
+def test_mlp_kernel(B, dtype, E, Fh, block_j, group):
+    # x += GELU(LN(x) @ Wf + bf) @ Wp + bp, in place, twice with the same scratch: each counter is
+    # reset
+    torch.manual_seed(0)
+    x = rand(B, E, dtype=dtype, scale=3.0) + 1.5
+    ln = torch.nn.LayerNorm(E, device=DEVICE, dtype=dtype)
+    with torch.no_grad():
+        ln.weight.copy_(rand(E, dtype=dtype) + 1)
+        ln.bias.copy_(rand(E, dtype=dtype))
+    Wf, bf = rand(E, Fh, dtype=dtype, scale=E ** -0.5), rand(Fh, dtype=dtype, scale=0.1)
+    Wp, bp = rand(Fh, E, dtype=dtype, scale=Fh ** -0.5), rand(E, dtype=dtype, scale=0.1)
+    floats, counters = probe_mlp.mlp_scratch(B, E, Fh, block_j, group)
+    scratch = (torch.empty(floats, device=DEVICE),
+               torch.zeros(counters, dtype=torch.int32, device=DEVICE))
+    for _ in range(2):
+        with torch.no_grad():
+            want = x + F.gelu(ln(x) @ Wf + bf, approximate="tanh") @ Wp + bp
+        got = probe_mlp.mlp(x, Wf, Wp, bp, fused.fold_layernorm(ln, Wf, bf), scratch,
+                            block_j, group)
+        assert got.data_ptr() == x.data_ptr() and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+        assert not scratch[1].any()
+
+
+def test_mlp_step_gives_model_generate_tokens():
+    # the probe's step (each MLP one kernel) on the seam: left padding, rows that stop apart
+    from fastgen_lib import decoders, stops
+    from fastgen_lib.models import EOS
+    from fastgen_lib.reference import hf_generate
+    from fastgen_lib.steps import GenConfig
+    model = fg.load_model("tiny", device=DEVICE)
+    fg.set_eos_bias(model, 0.6)
+    ids, mask = fg.make_batch(4, 8, mixed=True, seed=4, device=DEVICE)
+    ref = hf_generate(model, ids, mask, 24, EOS, EOS, cache_implementation="static")
+    stop = [int((r == EOS).nonzero()[0]) if (r == EOS).any() else None for r in ref[:, 8:]]
+    assert len(set(stop)) >= 2
+    gen = GenConfig(24, (EOS,), EOS, False, 1.0, None, 0, None)
+    step = probe_mlp.mlp_step(4, 4, 4)  # 64 programs in 16 groups
+    out = decoders.decode(model, ids, mask, gen, step, stops.interleaved)
+    assert torch.equal(out, ref), (out, ref)
+    assert any(type(s) is step for s in model.__dict__["_fastgen_steps"].values())
