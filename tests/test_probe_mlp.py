@@ -76,3 +76,22 @@ def test_mlp_step_gives_model_generate_tokens():
     out = decoders.decode(model, ids, mask, gen, step, stops.interleaved)
     assert torch.equal(out, ref), (out, ref)
     assert any(type(s) is step for s in model.__dict__["_fastgen_steps"].values())
+
+
+def test_step_ab_compares_steps_on_the_tiny_model():
+    # tools/step_ab.py, which the step probes share (probe_pdl, probe_mlp, probe_gemv_tiles): two
+    # fused steps side by side, their tokens against each other and against model.generate
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from step_ab import compare_steps
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+
+    class NoPDL(fused.FusedStep):
+        pdl = False
+
+    df = compare_steps({"pdl": fused.FusedStep, "no_pdl": NoPDL}, (torch.float32,), (2,),
+                       "launch", same_as="no_pdl", N=4, size="tiny", device=DEVICE, repeats=1)
+    assert list(df.launch) == ["pdl", "no_pdl"] and (df.ms_per_step > 0).all()
+    assert df.tokens_equal_no_pdl.all() and df.tokens_equal_model_generate.all()

@@ -9,15 +9,10 @@ Usage: python tools/probe_gemv_tiles.py OUT_DIR [BLOCK_K:PROGRAMS_PER_SM ...] (d
 import pathlib
 import sys
 
-import pandas as pd
 import torch
 
-import fastgen_lib as fg
-from fastgen_lib import fused, measure, stops
-from fastgen_lib.decoders import decode
-from fastgen_lib.models import EOS
-from fastgen_lib.reference import first_divergence, hf_generate
-from fastgen_lib.steps import GenConfig
+from fastgen_lib import fused
+from step_ab import compare_steps
 
 TILES = [(128, 4), (128, 8), (32, 4)]  # (block_k, programs_per_sm); the default is (64, 4)
 
@@ -47,37 +42,12 @@ def with_tiles(block_k, programs_per_sm):
     return Tiles
 
 
-def main(out, tiles=TILES, N=100):
+def main(out, tiles=TILES):
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        model = fg.load_model("124m", device="cuda", dtype=dtype)
-        for batch in (1, 32):
-            ids, mask = fg.make_batch(batch, 16, mixed=True, seed=batch, device="cuda")
-            ref = hf_generate(model, ids, mask, N, EOS, EOS)
-
-            def call(step):
-                def c(n=N):
-                    gen = GenConfig(n, (EOS,), EOS, max_cache_len=16 + N)
-                    return decode(model, ids, mask, gen, step, stops.interleaved)
-                return c
-
-            calls = {"k64_p4": call(fused.FusedStep)}
-            calls |= {s.__name__: call(s) for s in (with_tiles(*t) for t in tiles)}
-            timed, outs = measure.measure_calls(model, ids, calls, N, repeats=10)
-            for r in timed:
-                o = outs[r["method"]]
-                rows.append({"dtype": str(dtype).split(".")[-1], "batch": batch,
-                             "tiles": r["method"], "ms_per_step": r["ms_per_step"],
-                             "q1": r["ms_per_step_q1"], "q3": r["ms_per_step_q3"],
-                             "tokens_equal_default": torch.equal(o, outs["k64_p4"]),
-                             "tokens_equal_model_generate": torch.equal(o, ref),
-                             "divergence": first_divergence(model, ids, mask, ref, o)})
-                print(rows[-1], flush=True)
-        del model
-        torch.cuda.empty_cache()
+    steps = {"k64_p4": fused.FusedStep} | {s.__name__: s for s in (with_tiles(*t) for t in tiles)}
+    df = compare_steps(steps, (torch.float32, torch.bfloat16), (1, 32), "tiles", same_as="k64_p4")
     name = "_".join(f"k{k}_p{p}" for k, p in tiles) if tiles != TILES else "gemv_tiles"
-    pd.DataFrame(rows).to_csv(out / f"step_{name}.csv", index=False)
+    df.to_csv(out / f"step_{name}.csv", index=False)
 
 
 if __name__ == "__main__":

@@ -185,43 +185,12 @@ def mlp_step(block_j, group, warps):
 SPLITS = [(16, 16, 8), (16, 16, 4), (8, 16, 4), (8, 32, 8), (32, 8, 8)]
 
 
-def main(out, dtypes, batch, N=100):
-    import pandas as pd
-
-    import fastgen_lib as fg
-    from fastgen_lib import measure, stops
-    from fastgen_lib.decoders import decode
-    from fastgen_lib.models import EOS
-    from fastgen_lib.reference import first_divergence, hf_generate
-    from fastgen_lib.steps import GenConfig
-
+def main(out, dtypes, batch):
+    from step_ab import compare_steps
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for dtype in dtypes:
-        model = fg.load_model("124m", device="cuda", dtype=dtype)
-        ids, mask = fg.make_batch(batch, 16, mixed=True, seed=batch, device="cuda")
-        ref = hf_generate(model, ids, mask, N, EOS, EOS)
-
-        def call(step):
-            def c(n=N):
-                gen = GenConfig(n, (EOS,), EOS, max_cache_len=16 + N)
-                return decode(model, ids, mask, gen, step, stops.interleaved)
-            return c
-
-        calls = {"gemvs": call(FusedStep)}
-        calls |= {s.__name__: call(s) for s in (mlp_step(*t) for t in SPLITS)}
-        timed, outs = measure.measure_calls(model, ids, calls, N, repeats=10)
-        for r in timed:
-            o = outs[r["method"]]
-            rows.append({"dtype": str(dtype).split(".")[-1], "batch": batch, "mlp": r["method"],
-                         "ms_per_step": r["ms_per_step"], "q1": r["ms_per_step_q1"],
-                         "q3": r["ms_per_step_q3"],
-                         "tokens_equal_model_generate": torch.equal(o, ref),
-                         "divergence": first_divergence(model, ids, mask, ref, o)})
-            print(rows[-1], flush=True)
-        del model
-        torch.cuda.empty_cache()
-    pd.DataFrame(rows).to_csv(out / f"step_mlp_b{batch}.csv", index=False)
+    steps = {"gemvs": FusedStep} | {s.__name__: s for s in (mlp_step(*t) for t in SPLITS)}
+    compare_steps(steps, dtypes, (batch,), "mlp").to_csv(out / f"step_mlp_b{batch}.csv",
+                                                         index=False)
 
 
 if __name__ == "__main__":

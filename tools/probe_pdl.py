@@ -9,15 +9,10 @@ Usage: python tools/probe_pdl.py OUT_DIR"""
 import pathlib
 import sys
 
-import pandas as pd
 import torch
 
-import fastgen_lib as fg
-from fastgen_lib import fused, measure, stops
-from fastgen_lib.decoders import decode
-from fastgen_lib.models import EOS
-from fastgen_lib.reference import first_divergence, hf_generate
-from fastgen_lib.steps import GenConfig
+from fastgen_lib import fused
+from step_ab import compare_steps
 
 out = pathlib.Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)
@@ -28,31 +23,6 @@ class NoPDL(fused.FusedStep):
     pdl = False
 
 
-N, rows = 100, []
-for dtype in (torch.float32, torch.bfloat16):
-    model = fg.load_model("124m", device="cuda", dtype=dtype)
-    for batch in (1, 32):
-        ids, mask = fg.make_batch(batch, 16, mixed=True, seed=batch, device="cuda")
-        ref = hf_generate(model, ids, mask, N, EOS, EOS)
-
-        def call(step):
-            def c(n=N):
-                gen = GenConfig(n, (EOS,), EOS, max_cache_len=16 + N)
-                return decode(model, ids, mask, gen, step, stops.interleaved)
-            return c
-
-        timed, outs = measure.measure_calls(
-            model, ids, {"pdl": call(fused.FusedStep), "no_pdl": call(NoPDL)}, N, repeats=10)
-        for r in timed:
-            o = outs[r["method"]]
-            d = first_divergence(model, ids, mask, ref, o)
-            rows.append({"dtype": str(dtype).split(".")[-1], "batch": batch, "launch": r["method"],
-                         "ms_per_step": r["ms_per_step"], "q1": r["ms_per_step_q1"],
-                         "q3": r["ms_per_step_q3"],
-                         "tokens_equal_no_pdl": torch.equal(o, outs["no_pdl"]),
-                         "tokens_equal_model_generate": torch.equal(o, ref),
-                         "divergence": d})
-            print(rows[-1], flush=True)
-    del model
-    torch.cuda.empty_cache()
-pd.DataFrame(rows).to_csv(out / "step_pdl.csv", index=False)
+steps = {"pdl": fused.FusedStep, "no_pdl": NoPDL}
+compare_steps(steps, (torch.float32, torch.bfloat16), (1, 32), "launch", same_as="no_pdl").to_csv(
+    out / "step_pdl.csv", index=False)

@@ -10,25 +10,15 @@ import sys
 
 import pandas as pd
 import torch
-import triton
 
 from fastgen_lib import fused
+from step_ab import bench_graph
 
 H, D, L, CALLS = 12, 64, 116, 20
 GRID = list(itertools.product((16, 32, 64, 128), (1, 2, 4, 8)))
 DEFAULTS = (32, 2)  # fused.attention's block_s and num_warps
 rows = []
 
-
-def bench(fn):
-    """Microseconds per call of `fn(i)`, i = 0..CALLS-1, replayed from one CUDA graph."""
-    fn(0)  # compile
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(CALLS):
-            fn(i)
-    return triton.testing.do_bench(g.replay, warmup=5, rep=20) * 1e3 / CALLS
 
 
 for dtype, B, c in itertools.product((torch.float32, torch.bfloat16), (1, 32), (16, 115)):
@@ -47,7 +37,7 @@ for dtype, B, c in itertools.product((torch.float32, torch.bfloat16), (1, 32), (
             return fused.attention(q, kv[i][0], kv[i][1], mask, col, out=out, scratch=scratch,
                                    block_s=bs, num_warps=warps)
         try:
-            us = bench(fn)
+            us = bench_graph(fn, CALLS)
         except Exception as e:  # out of resources: skip that one
             print(base, bs, warps, type(e).__name__, flush=True)
             continue

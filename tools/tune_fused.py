@@ -10,9 +10,9 @@ import sys
 
 import pandas as pd
 import torch
-import triton
 
 from fastgen_lib import fused
+from step_ab import bench_graph
 
 SHAPES = {"c_attn": (768, 2304), "attn.c_proj": (768, 768), "c_fc": (768, 3072),
           "mlp.c_proj": (3072, 768), "lm_head": (768, 50257)}
@@ -24,16 +24,6 @@ rows = []
 
 CALLS = 20
 
-
-def bench(fn):
-    """Microseconds per call of `fn(i)`, i = 0..CALLS-1, replayed from one CUDA graph."""
-    fn(0)  # compile
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(CALLS):
-            fn(i)
-    return triton.testing.do_bench(g.replay, warmup=5, rep=20) * 1e3 / CALLS
 
 
 for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16), (1, 32),
@@ -47,7 +37,7 @@ for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16
     out = torch.empty(B, N, device="cuda", dtype=dtype)
     base = {"dtype": str(dtype)[6:], "batch": B, "name": name, "K": K, "N": N}
     gb = K * N * w.element_size() / 1e3
-    us = bench(lambda i: torch.addmm(b, x, ws[i], out=out))
+    us = bench_graph(lambda i: torch.addmm(b, x, ws[i], out=out), CALLS)
     rows.append({**base, "kernel": "cublas", "us": us, "gb_s": gb / us})
     for bn, bk, pps in GRID:
         need = fused.scratch_size(B, K, N, x.device, block_n=bn, block_k=bk, programs_per_sm=pps)
@@ -58,7 +48,7 @@ for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16
             return fused.gemv(x, ws[i], b, out=out, block_n=bn, block_k=bk, programs_per_sm=pps,
                               scratch=scratch)
         try:
-            us = bench(fn)
+            us = bench_graph(fn, CALLS)
         except Exception as e:  # out of resources: skip that one
             print(name, B, bn, bk, pps, type(e).__name__, flush=True)
             continue

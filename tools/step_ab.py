@@ -1,0 +1,64 @@
+"""Shared by the fused step's probes: step backends timed side by side (tools/probe_pdl.py,
+probe_mlp.py, probe_gemv_tiles.py) and one kernel timed inside a CUDA graph (tools/tune_fused.py,
+tune_attention.py). Imported by those scripts, which run from the repo root as
+`python tools/NAME.py`."""
+import pandas as pd
+import torch
+import triton
+
+import fastgen_lib as fg
+from fastgen_lib import measure, stops
+from fastgen_lib.decoders import decode
+from fastgen_lib.models import EOS
+from fastgen_lib.reference import first_divergence, hf_generate
+from fastgen_lib.steps import GenConfig
+
+
+def compare_steps(steps, dtypes, batches, column, same_as=None, N=100, size="124m",
+                  device="cuda", repeats=10):
+    """The step backends `steps` ({name: step class}) side by side on GPT-2 `size`, for each dtype
+    and batch: prompt 16 mixed, N new tokens, the interleaved driver; ms per step from
+    `measure.measure_calls` (a N-token call minus a 1-token call, all alternated, `repeats`
+    rounds), their tokens against model.generate's and, with `same_as`, against that step's.
+    One row per (dtype, batch, step), the step's name in `column`; printed as they come."""
+    rows = []
+    for dtype in dtypes:
+        model = fg.load_model(size, device=device, dtype=dtype)
+        for batch in batches:
+            ids, mask = fg.make_batch(batch, 16, mixed=True, seed=batch, device=device)
+            ref = hf_generate(model, ids, mask, N, EOS, EOS)
+
+            def call(step):
+                def c(n=N):
+                    gen = GenConfig(n, (EOS,), EOS, max_cache_len=16 + N)
+                    return decode(model, ids, mask, gen, step, stops.interleaved)
+                return c
+
+            timed, outs = measure.measure_calls(
+                model, ids, {name: call(s) for name, s in steps.items()}, N, repeats=repeats)
+            for r in timed:
+                o = outs[r["method"]]
+                rows.append({"dtype": str(dtype).split(".")[-1], "batch": batch,
+                             column: r["method"], "ms_per_step": r["ms_per_step"],
+                             "q1": r["ms_per_step_q1"], "q3": r["ms_per_step_q3"]}
+                            | ({f"tokens_equal_{same_as}": torch.equal(o, outs[same_as])}
+                               if same_as else {})
+                            | {"tokens_equal_model_generate": torch.equal(o, ref),
+                               "divergence": first_divergence(model, ids, mask, ref, o)})
+                print(rows[-1], flush=True)
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return pd.DataFrame(rows)
+
+
+def bench_graph(fn, calls=20):
+    """Microseconds per call of `fn(i)`, i = 0..calls-1, captured as one CUDA graph whose replay
+    triton.testing.do_bench times (median, L2 flushed before each replay)."""
+    fn(0)  # compile
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    return triton.testing.do_bench(g.replay, warmup=5, rep=20) * 1e3 / calls
