@@ -499,7 +499,7 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
     `col` -> float32 logits [B, V] (buf.logits), equal to
     `steps.forward(model, tok, mask, step_pos, cache)`, and their per-tile maxima
     (buf.top, buf.top_i). The cache's own counters are not advanced: `col` is the step's
-    column. pdl=True: every kernel after the first starts while the one ahead finishes."""
+    column. pdl=True: each kernel after the first starts as the one ahead finishes."""
     tr = model.transformer
     h, q, a, m = buf.h, buf.q, buf.a, buf.m
     kw = dict(scratch=buf.scratch, pdl=pdl)
