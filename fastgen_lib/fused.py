@@ -306,12 +306,15 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock
                       H, S, D, scale,
                       stride_qb, stride_kb, stride_kh, stride_ks, stride_mb, stride_ob,
                       HAS_COL: tl.constexpr, SPLITS: tl.constexpr,
-                      BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                      BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+                      EARLY_KV: tl.constexpr):
     # q [B, H*D], K/V [B, H, S, D] (the cache), mask [B, S] (nonzero = attend) -> o [B, H*D].
     # Program (b*H + h, s) takes keys s*BLOCK_S.. up to column `col` (the later slots are unused):
     # a softmax over its block (float32), left as (max, sum, weighted values); the last program
     # of (b, h) to finish combines the blocks, as flash-decoding does.
-    if PDL:  # everything here depends on the kernel ahead: wait, then let the next one start
+    # EARLY_KV: the keys and values of the slots before `col` are read before the wait (earlier
+    # steps wrote them; the kernel ahead writes only column `col`), the rest after it.
+    if PDL and not EARLY_KV:  # all here depends on the kernel ahead: wait, let the next start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -323,17 +326,35 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock
     if sid < n_blocks:
         ds = tl.arange(0, BLOCK_D)
         d_ok = ds < D
+        if EARLY_KV:
+            ss = sid * BLOCK_S + tl.arange(0, BLOCK_S)
+            kv = b * stride_kb + h * stride_kh + ss[:, None] * stride_ks + ds[None, :]
+            old = ((ss < n_keys - 1)[:, None]) & d_ok[None, :]
+            k_early = tl.load(k_ptr + kv, mask=old, other=0.0)
+            v_early = tl.load(v_ptr + kv, mask=old, other=0.0)
+            if PDL:
+                tl.extra.cuda.gdc_wait()
+                tl.extra.cuda.gdc_launch_dependents()
+            new = ((ss == n_keys - 1)[:, None]) & d_ok[None, :]          # column `col`
+            k_early = tl.where(new, tl.load(k_ptr + kv, mask=new, other=0.0), k_early)
+            v_early = tl.where(new, tl.load(v_ptr + kv, mask=new, other=0.0), v_early)
         q = tl.load(q_ptr + b * stride_qb + h * D + ds, mask=d_ok, other=0.0).to(tl.float32)
         ss = sid * BLOCK_S + tl.arange(0, BLOCK_S)                         # [BLOCK_S]
         s_ok = ss < n_keys
         keep = (tl.load(m_ptr + b * stride_mb + ss, mask=s_ok, other=0) != 0) & s_ok
         kv = b * stride_kb + h * stride_kh + ss[:, None] * stride_ks + ds[None, :]
         kv_ok = s_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + kv, mask=kv_ok, other=0.0).to(tl.float32)
+        if EARLY_KV:
+            k = k_early.to(tl.float32)
+        else:
+            k = tl.load(k_ptr + kv, mask=kv_ok, other=0.0).to(tl.float32)
         scores = tl.where(keep, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
         m = tl.maximum(tl.max(scores, axis=0), -1.0e30)  # finite: a masked block weighs 0, no NaN
         p = tl.where(keep, tl.exp(scores - m), 0.0)                         # [BLOCK_S]
-        v = tl.load(v_ptr + kv, mask=kv_ok, other=0.0).to(tl.float32)
+        if EARLY_KV:
+            v = v_early.to(tl.float32)
+        else:
+            v = tl.load(v_ptr + kv, mask=kv_ok, other=0.0).to(tl.float32)
         acc = tl.sum(p[:, None] * v, axis=0)                                # [BLOCK_D]
         l = tl.sum(p, axis=0)
         if SPLITS > 1:
@@ -371,13 +392,16 @@ def attention_blocks(S, block_s=32, max_splits=None):
 
 
 def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=None, block_s=32,
-              num_warps=2, pdl=False):
+              num_warps=2, pdl=False, early_kv=False):
     """softmax(q . K^T * scale, masked) @ V for one query token per row and head: q [B, H*D],
     keys/values [B, H, S, D], mask [B, S] (bool or int, nonzero = attend) -> [B, H*D] in values'
     dtype (or into `out`). With `col` (0-d tensor), only slots 0..col are read: the later ones are
     unused. scale defaults to D ** -0.5. scratch=(partials, locks), as `gemv`'s: float32
-    [>= B*H*splits*(D+2)] and int32 zeros [>= B*H]. pdl: as `gemv`'s."""
+    [>= B*H*splits*(D+2)] and int32 zeros [>= B*H]. pdl: as `gemv`'s. early_kv=True (with `col`):
+    the slots before `col` are read before the wait for the kernel ahead, which may write only
+    column `col` (an experiment: tools/probe_early_kv.py)."""
     B, H, S, D = keys.shape
+    assert col is not None or not early_kv, "early_kv reads the slots before `col`"
     assert q.shape == (B, H * D) and values.shape == keys.shape and mask.shape == (B, S), \
         (q.shape, keys.shape, values.shape, mask.shape)
     assert q.stride(-1) == 1 and keys.stride() == values.stride() and keys.stride(-1) == 1
@@ -396,7 +420,8 @@ def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=Non
         D ** -0.5 if scale is None else scale,
         q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), mask.stride(0), o.stride(0),
         HAS_COL=col is not None, SPLITS=splits, BLOCK_S=block_s, BLOCK_D=block_d,
-        PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
+        PDL=pdl, EARLY_KV=early_kv, num_warps=num_warps,
+        **({"launch_pdl": True} if pdl else {}))
     return o
 
 

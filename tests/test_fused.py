@@ -265,6 +265,22 @@ def test_attention_reads_only_the_used_slots():
         assert not locks.any()
 
 
+@pytest.mark.parametrize("col", [0, 7, 8, 25])  # on a GPU, blocks of 8: a block's last, first
+def test_attention_early_kv_reads_the_same(col):
+    # early_kv: the slots before `col` read first (before the wait, under PDL), column `col`
+    # after: the same result as the default order, here and past the used slots' NaN
+    B, H, S, D = 3, 2, 40, 32
+    q, k, v, mask = attention_inputs(B, H, S, D, torch.float32)
+    mask[:, :] = True
+    k[:, :, col + 1 :], v[:, :, col + 1 :] = float("nan"), float("nan")
+    c = torch.tensor(col, device=DEVICE)
+    want = fused.attention(q, k, v, mask, col=c, block_s=8)
+    got = fused.attention(q, k, v, mask, col=c, block_s=8, early_kv=True)
+    assert torch.equal(got, want) and got.isfinite().all()
+    with pytest.raises(AssertionError, match="early_kv"):
+        fused.attention(q, k, v, mask, early_kv=True)
+
+
 def test_attention_matches_steps_one_query_attention():
     # the eager one_query_attention of steps.py (what GraphStep runs in float32), same inputs
     from fastgen_lib.steps import one_query_attention as eager
