@@ -20,7 +20,6 @@ DEFAULTS = (32, 2)  # fused.attention's block_s and num_warps
 rows = []
 
 
-
 for dtype, B, c in itertools.product((torch.float32, torch.bfloat16), (1, 32), (16, 115)):
     q = torch.randn(B, H * D, device="cuda", dtype=dtype)
     kv = [torch.randn(2, B, H, L, D, device="cuda", dtype=dtype) for _ in range(CALLS)]

@@ -25,7 +25,6 @@ rows = []
 CALLS = 20
 
 
-
 for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16), (1, 32),
                                                   SHAPES.items()):
     x = torch.randn(B, K, device="cuda", dtype=dtype)
