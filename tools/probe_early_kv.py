@@ -5,7 +5,8 @@ them before the wait. With the GEMV tiles of tools/probe_gemv_tiles.py as well: 
 is, with early_kv, with block_k 128 (two programs per SM) and 32 (four), each with and without
 early_kv, under the interleaved driver, prompt 16 mixed, 100 new tokens, float32 and bfloat16,
 batch 1 and 32: ms per step (`measure.measure_calls`, alternated, 10 rounds), tokens.
-Usage: python tools/probe_early_kv.py OUT_DIR"""
+Usage: python tools/probe_early_kv.py OUT_DIR [b1]   (b1: only the default, k128_p2 and
+k128_p2_early_kv, at batch 1: step_early_kv_b1.csv)"""
 import pathlib
 import sys
 
@@ -37,7 +38,7 @@ def with_early_kv(step):
     return EarlyKV
 
 
-def main(out):
+def main(out, b1=False):
     out.mkdir(parents=True, exist_ok=True)
     assert fused.attention.__defaults__[-1] is False  # early_kv, the last argument
     base = {"default": fused.FusedStep, "k128_p2": with_tiles(128, 2), "k32_p4": with_tiles(32, 4)}
@@ -45,9 +46,12 @@ def main(out):
     for name, step in base.items():
         steps[name] = step
         steps[f"{name}_early_kv"] = with_early_kv(step)
-    compare_steps(steps, (torch.float32, torch.bfloat16), (1, 32), "step",
-                  same_as="default").to_csv(out / "step_early_kv.csv", index=False)
+    if b1:
+        steps = {n: steps[n] for n in ("default", "k128_p2", "k128_p2_early_kv")}
+    compare_steps(steps, (torch.float32, torch.bfloat16), (1,) if b1 else (1, 32), "step",
+                  same_as="default").to_csv(out / f"step_early_kv{'_b1' if b1 else ''}.csv",
+                                            index=False)
 
 
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1]))
+    main(pathlib.Path(sys.argv[1]), sys.argv[2:] == ["b1"])
