@@ -15,7 +15,7 @@ The probe: `fused.FusedStep` (two GEMVs per MLP) against steps whose MLPs run th
 several (block_j, group, warps), under the interleaved driver, prompt 16 mixed, 100 new tokens:
 ms per step (`measure.measure_calls`, alternated, 10 rounds), tokens against model.generate.
 Usage: python tools/probe_mlp.py OUT_DIR [float32|bfloat16] [batch]
-tests/test_fused.py tests the kernel against PyTorch (on a CPU under Triton's interpreter)."""
+tests/test_probe_mlp.py tests the kernel against PyTorch (on a CPU under Triton's interpreter)."""
 import pathlib
 import sys
 
