@@ -78,20 +78,31 @@ def test_mlp_step_gives_model_generate_tokens():
     assert any(type(s) is step for s in model.__dict__["_fastgen_steps"].values())
 
 
-def test_step_ab_compares_steps_on_the_tiny_model():
-    # tools/step_ab.py, which the step probes share (probe_pdl, probe_mlp, probe_gemv_tiles): two
-    # fused steps side by side, their tokens against each other and against model.generate
+def test_step_ab_compares_patched_steps_on_the_tiny_model():
+    # tools/step_ab.py, which the step probes share, with probe_early_kv's and probe_gemv_tiles'
+    # patched steps: the library's step beside one with other GEMV tiles and early_kv, the same
+    # tokens as each other and as model.generate, the tiles in force (a larger scratch: more
+    # splits), and the library's defaults put back after
     import sys
     sys.path.insert(0, str(ROOT / "tools"))
     try:
+        from probe_early_kv import with_early_kv, with_tiles
         from step_ab import compare_steps
     finally:
         sys.path.remove(str(ROOT / "tools"))
-
-    class NoPDL(fused.FusedStep):
-        pdl = False
-
-    df = compare_steps({"pdl": fused.FusedStep, "no_pdl": NoPDL}, (torch.float32,), (2,),
-                       "launch", same_as="no_pdl", N=4, size="tiny", device=DEVICE, repeats=1)
-    assert list(df.launch) == ["pdl", "no_pdl"] and (df.ms_per_step > 0).all()
-    assert df.tokens_equal_no_pdl.all() and df.tokens_equal_model_generate.all()
+    defaults = (fused.gemv.__kwdefaults__.copy(), fused.gemv_tiles.__defaults__,
+                fused.attention.__defaults__)
+    patched = with_early_kv(with_tiles(32, 64))
+    assert patched.__name__ == "k32_p64_early_kv"
+    model = fg.load_model("tiny", device=DEVICE)
+    df = compare_steps({"default": fused.FusedStep, "patched": patched}, (torch.float32,), (2,),
+                       "step", same_as="default", N=4, size="tiny", device=DEVICE, repeats=1)
+    assert list(df.step) == ["default", "patched"] and (df.ms_per_step > 0).all()
+    assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
+    assert (fused.gemv.__kwdefaults__, fused.gemv_tiles.__defaults__,
+            fused.attention.__defaults__) == defaults
+    from fastgen_lib.models import EOS
+    from fastgen_lib.steps import GenConfig
+    gen = GenConfig(4, (EOS,), EOS, False, 1.0, None, 0, None)
+    tiled = with_tiles(32, 64)(model, 2, 20, gen)
+    assert tiled.buf.scratch[0].numel() > fused.Buffers(model, 2, 20).scratch[0].numel()

@@ -13,29 +13,21 @@ import sys
 import torch
 
 from fastgen_lib import fused
-from probe_gemv_tiles import with_tiles
-from step_ab import compare_steps
+from probe_gemv_tiles import with_tiles  # noqa: F401  (also for the tests)
+from step_ab import compare_steps, patched_step
 
 
 def with_early_kv(step):
     """`step` (a FusedStep class) with `attention(early_kv=True)` while it captures its graphs."""
-    def patched(f, *args):
+    def patch():
         saved = fused.attention.__defaults__
         fused.attention.__defaults__ = saved[:-1] + (True,)
-        try:
-            return f(*args)
-        finally:
+
+        def undo():
             fused.attention.__defaults__ = saved
+        return undo
 
-    class EarlyKV(step):
-        def __init__(self, *args):
-            patched(super().__init__, *args)
-
-        def run(self, slot):
-            patched(super().run, slot)
-
-    EarlyKV.__name__ = f"{step.__name__}_early_kv"
-    return EarlyKV
+    return patched_step(step, patch, f"{step.__name__}_early_kv")
 
 
 def main(out, b1=False):

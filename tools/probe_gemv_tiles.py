@@ -12,34 +12,26 @@ import sys
 import torch
 
 from fastgen_lib import fused
-from step_ab import compare_steps
+from step_ab import compare_steps, patched_step
 
 TILES = [(128, 4), (128, 8), (32, 4)]  # (block_k, programs_per_sm); the default is (64, 4)
 
 
-def with_tiles(block_k, programs_per_sm):
-    """A FusedStep whose GEMVs use these tiles (`gemv`'s and `scratch_size`'s defaults, set while
-    it builds its buffers and captures its graphs)."""
-    def patched(f, *args):
+def with_tiles(block_k, programs_per_sm, step=fused.FusedStep):
+    """`step` with these GEMV tiles (`gemv`'s and `gemv_tiles`' defaults) while it builds its
+    buffers and captures its graphs."""
+    def patch():
         saved = fused.gemv.__kwdefaults__.copy(), fused.gemv_tiles.__defaults__
         fused.gemv.__kwdefaults__.update(block_k=block_k, programs_per_sm=programs_per_sm)
         fused.gemv_tiles.__defaults__ = (None, block_k, programs_per_sm)
-        try:
-            return f(*args)
-        finally:
+
+        def undo():
             fused.gemv.__kwdefaults__.clear()
             fused.gemv.__kwdefaults__.update(saved[0])
             fused.gemv_tiles.__defaults__ = saved[1]
+        return undo
 
-    class Tiles(fused.FusedStep):
-        def __init__(self, *args):
-            patched(super().__init__, *args)
-
-        def run(self, slot):
-            patched(super().run, slot)
-
-    Tiles.__name__ = f"k{block_k}_p{programs_per_sm}"
-    return Tiles
+    return patched_step(step, patch, f"k{block_k}_p{programs_per_sm}")
 
 
 def main(out, tiles=TILES):

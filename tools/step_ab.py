@@ -62,3 +62,26 @@ def bench_graph(fn, calls=20):
         for i in range(calls):
             fn(i)
     return triton.testing.do_bench(g.replay, warmup=5, rep=20) * 1e3 / calls
+
+
+def patched_step(step, patch, name):
+    """A subclass of the step class `step`, named `name`, that builds its buffers and captures its
+    graphs (`__init__`, `run`) with `patch()` in force: `patch` changes some default of the
+    library and returns a function that puts it back."""
+    class Patched(step):
+        def __init__(self, *args):
+            undo = patch()
+            try:
+                super().__init__(*args)
+            finally:
+                undo()
+
+        def run(self, slot):
+            undo = patch()
+            try:
+                super().run(slot)
+            finally:
+                undo()
+
+    Patched.__name__ = name
+    return Patched
