@@ -13,7 +13,7 @@ import sys
 import torch
 
 from fastgen_lib import fused
-from probe_gemv_tiles import with_tiles  # noqa: F401  (also for the tests)
+from probe_gemv_tiles import with_tiles
 from step_ab import compare_steps, patched_step
 
 
