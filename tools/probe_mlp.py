@@ -32,8 +32,8 @@ def _mlp_kernel(x_ptr, wf_ptr, wp_ptr, g_ptr, c_ptr, d_ptr, bp_ptr, part_ptr, lo
                 BLOCK_Q: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
     # x [B, E] += GELU(LN(x) @ Wf [E, F] + bf) @ Wp [F, E] + bp, one row per program column.
     # Program (j, b): hidden units j*BLOCK_J.. of row b. It computes them (all of x, its BLOCK_J
-    # columns of Wf), then their share of the output (BLOCK_J rows of Wp): partial sums [E], which
-    # the last program of the row adds up, in a fixed order, with the bias and the residual.
+    # columns of Wf), then their share of the output (BLOCK_J rows of Wp): partial sums [E], added
+    # up in two levels (the last program of each GROUP, then the last group), in a fixed order.
     pid = tl.program_id(0)
     b = tl.program_id(1)
     P = tl.num_programs(0)
