@@ -19,7 +19,8 @@ d = beta @ W + b are computed once per model (`fold_layernorms`): no pass over x
 Every kernel takes float32 or bfloat16 and accumulates in float32; at batch > 1, float32 dots run
 on the tensor cores as three TF32 products each ("tf32x3": about IEEE float32's accuracy). On a
 Hopper GPU the kernels are programmatic dependent launches (PDL): each starts while the kernel ahead
-finishes, a GEMV reading its first weight tile before it waits (`gdc_wait`) for the kernel ahead.
+finishes, a GEMV reading its first weight tile and the attention the cache's older slots before
+they wait (`gdc_wait`) for the kernel ahead.
 Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU tensors (the
 tests), with IEEE dots and no PDL.
 """
@@ -34,7 +35,6 @@ from .steps import GraphStep, choose
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on the CPU (numpy)
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))  # a global a kernel reads: constexpr
-PROGRAMS_PER_SM = 4  # a GEMV splits K until it has about this many programs per SM
 LOCKS = 8192  # counters for the split-K reductions: one per column tile (each kernel resets its own)
 
 
@@ -188,13 +188,26 @@ def sm_count(device):
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def gemv_tiles(B, K, N, device, block_n=None, block_k=64, programs_per_sm=PROGRAMS_PER_SM):
-    """(block_m, block_n, block_k, split, k_chunk) for x [B, K] @ W [K, N]: one row per program at
-    batch 1, else a padded tl.dot (16 or 32 rows); K split into `split` chunks of `k_chunk` rows
-    (a multiple of block_k) until there are about `programs_per_sm` programs per SM. block_n
-    defaults to 64 columns (under the CPU interpreter, which pays per program: at most ~4 tiles)."""
+def default_tiles(B, dtype):
+    """(block_k, programs_per_sm), the GEMV's tiles by default: the fastest measured for GPT-2's
+    step on an H200 (results/h200/fused/gemv_tiles/). At batch 1, and in bfloat16, 128 rows of K
+    per tile and about two programs per SM: most chunks of K are one tile, which a program reads
+    before its PDL wait. float32 at batch > 1 (three TF32 products per dot): 32 rows, four per SM."""
+    return (32, 4) if B > 1 and dtype == torch.float32 else (128, 2)
+
+
+def gemv_tiles(B, K, N, device, block_n=None, block_k=None, programs_per_sm=None,
+               dtype=torch.float32):
+    """(block_m, block_n, block_k, split, k_chunk) for x [B, K] @ W [K, N] (W in `dtype`): one row
+    per program at batch 1, else a padded tl.dot (16 or 32 rows); K split into `split` chunks of
+    `k_chunk` rows (a multiple of block_k) until there are about `programs_per_sm` programs per SM
+    (block_k and programs_per_sm default to `default_tiles`). block_n defaults to 64 columns
+    (under the CPU interpreter, which pays per program: at most ~4 tiles)."""
     if block_n is None:
         block_n = max(64, triton.next_power_of_2(triton.cdiv(N, 4))) if INTERPRET else 64
+    tiles_k, tiles_p = default_tiles(B, dtype)
+    block_k = block_k or tiles_k
+    programs_per_sm = tiles_p if programs_per_sm is None else programs_per_sm
     block_m = 1 if B == 1 else 16 if B <= 16 else 32
     block_k = min(block_k, triton.next_power_of_2(K))
     tiles = triton.cdiv(N, block_n) * triton.cdiv(B, block_m)
@@ -204,15 +217,15 @@ def gemv_tiles(B, K, N, device, block_n=None, block_k=64, programs_per_sm=PROGRA
 
 
 def scratch_size(B, K, N, device, **tiles):
-    """Floats of split-K scratch that `gemv` needs for x [B, K] @ W [K, N]: the partial sums and,
-    per column tile, the partial LayerNorm sums."""
+    """Floats of split-K scratch that `gemv` needs for x [B, K] @ W [K, N] (`tiles`: as
+    `gemv_tiles`'): the partial sums and, per column tile, the partial LayerNorm sums."""
     _, bn, _, split, _ = gemv_tiles(B, K, N, device, **tiles)
     return split * B * (N + 2 * triton.cdiv(N, bn)) if split > 1 else 1
 
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
-         argmax=None, out=None, scratch=None, block_n=None, block_k=64,
-         programs_per_sm=PROGRAMS_PER_SM, num_warps=4, pdl=False):
+         argmax=None, out=None, scratch=None, block_n=None, block_k=None,
+         programs_per_sm=None, num_warps=4, pdl=False):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
     ln=(g, c, d, eps): x is LayerNorm'd first (weight g [K]), folded in: c = g @ weight and
@@ -229,12 +242,13 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     K2, N = weight.shape
     assert K == K2 and bias.shape == (N,), (x.shape, weight.shape, bias.shape)
     assert x.stride(-1) == 1 and bias.is_contiguous()
-    bm, bn, bk, split, k_chunk = gemv_tiles(B, K, N, x.device, block_n, block_k, programs_per_sm)
+    tiles = dict(block_n=block_n, block_k=block_k, programs_per_sm=programs_per_sm,
+                 dtype=weight.dtype)
+    bm, bn, bk, split, k_chunk = gemv_tiles(B, K, N, x.device, **tiles)
     n_out = N // 3 if qkv is not None else N
     y = out if out is not None else torch.empty(B, n_out, dtype=x.dtype, device=x.device)
     assert y.shape == (B, n_out) and y.stride(-1) == 1
-    need = scratch_size(B, K, N, x.device, block_n=bn, block_k=block_k,
-                        programs_per_sm=programs_per_sm)
+    need = scratch_size(B, K, N, x.device, **tiles)
     if scratch is None:
         scratch = (torch.empty(need, dtype=torch.float32, device=x.device),
                    torch.zeros(LOCKS, dtype=torch.int32, device=x.device))
@@ -399,7 +413,7 @@ def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=Non
     unused. scale defaults to D ** -0.5. scratch=(partials, locks), as `gemv`'s: float32
     [>= B*H*splits*(D+2)] and int32 zeros [>= B*H]. pdl: as `gemv`'s. early_kv=True (with `col`):
     the slots before `col` are read before the wait for the kernel ahead, which may write only
-    column `col` (an experiment: tools/probe_early_kv.py)."""
+    column `col` (as the step's QKV GEMV does: `fused_forward`)."""
     B, H, S, D = keys.shape
     assert col is not None or not early_kv, "early_kv reads the slots before `col`"
     assert q.shape == (B, H * D) and values.shape == keys.shape and mask.shape == (B, S), \
@@ -507,7 +521,7 @@ class Buffers:
         tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev)[1])  # lm_head's column tiles
         self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
         self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
-        need = max(scratch_size(batch, K, N, dev)
+        need = max(scratch_size(batch, K, N, dev, dtype=dt)
                    for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
         splits = attention_blocks(length)[1]
         need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2))
@@ -534,7 +548,7 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
         gemv(h, at.c_attn.weight, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
              qkv=(layer.keys, layer.values, col), **kw)                 # q [B, E]
         embed = None
-        attention(q, layer.keys, layer.values, mask, col, out=a, **kw)  # [B, E]
+        attention(q, layer.keys, layer.values, mask, col, out=a, early_kv=True, **kw)
         gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw)
         gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw)
         gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, **kw)

@@ -157,6 +157,20 @@ def test_gemv_splits_k_on_a_small_matrix():
     assert fused.gemv_tiles(1, 768, 768, torch.device(DEVICE), programs_per_sm=0)[3] == 1
 
 
+@pytest.mark.parametrize("B, dtype, block_k, programs_per_sm", [
+    (1, torch.float32, 128, 2), (1, torch.bfloat16, 128, 2), (32, torch.float32, 32, 4),
+    (32, torch.bfloat16, 128, 2)])
+def test_gemv_tiles_by_batch_and_dtype(B, dtype, block_k, programs_per_sm):
+    # the default tiles: block_k and the split follow default_tiles; an explicit tile wins
+    dev = torch.device(DEVICE)
+    assert fused.default_tiles(B, dtype) == (block_k, programs_per_sm)
+    bm, bn, bk, split, k_chunk = fused.gemv_tiles(B, 3072, 768, dev, dtype=dtype)
+    assert bk == block_k and k_chunk % bk == 0 and split * k_chunk >= 3072
+    assert (split, k_chunk) == fused.gemv_tiles(B, 3072, 768, dev, block_k=block_k,
+                                                programs_per_sm=programs_per_sm)[3:]
+    assert fused.gemv_tiles(B, 3072, 768, dev, block_k=16, dtype=dtype)[2] == 16
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B", [1, 3])
 def test_gemv_qkv_writes_the_cache_column(B, dtype):

@@ -90,19 +90,17 @@ def test_step_ab_compares_patched_steps_on_the_tiny_model():
         from step_ab import compare_steps
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    defaults = (fused.gemv.__kwdefaults__.copy(), fused.gemv_tiles.__defaults__,
-                fused.attention.__defaults__)
-    patched = with_early_kv(with_tiles(32, 64))
-    assert patched.__name__ == "k32_p64_early_kv"
+    defaults = (fused.default_tiles, fused.attention)
+    patched = with_early_kv(with_tiles(32, 64), False)
+    assert patched.__name__ == "k32_p64_late_kv"
     model = fg.load_model("tiny", device=DEVICE)
     df = compare_steps({"default": fused.FusedStep, "patched": patched}, (torch.float32,), (2,),
                        "step", same_as="default", N=4, size="tiny", device=DEVICE, repeats=1)
     assert list(df.step) == ["default", "patched"] and (df.ms_per_step > 0).all()
     assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
-    assert (fused.gemv.__kwdefaults__, fused.gemv_tiles.__defaults__,
-            fused.attention.__defaults__) == defaults
+    assert (fused.default_tiles, fused.attention) == defaults
     from fastgen_lib.models import EOS
     from fastgen_lib.steps import GenConfig
     gen = GenConfig(4, (EOS,), EOS, False, 1.0, None, 0, None)
-    tiled = with_tiles(32, 64)(model, 2, 20, gen)
+    tiled = with_tiles(16, 64)(model, 2, 20, gen)
     assert tiled.buf.scratch[0].numel() > fused.Buffers(model, 2, 20).scratch[0].numel()

@@ -16,9 +16,8 @@ from step_ab import bench_graph
 
 SHAPES = {"c_attn": (768, 2304), "attn.c_proj": (768, 768), "c_fc": (768, 3072),
           "mlp.c_proj": (3072, 768), "lm_head": (768, 50257)}
-GRID = list(itertools.product((32, 64, 128), (64, 128), (2, 4, 8)))
-if sys.argv[2:] == ["defaults"]:  # only the default tiles (64 x 64, 4 programs per SM)
-    GRID = [(64, 64, 4)]
+GRID = list(itertools.product((32, 64, 128), (32, 64, 128), (2, 4, 8)))
+DEFAULTS = sys.argv[2:] == ["defaults"]  # only the default tiles (64 columns, default_tiles)
 rows = []
 
 
@@ -38,7 +37,7 @@ for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16
     gb = K * N * w.element_size() / 1e3
     us = bench_graph(lambda i: torch.addmm(b, x, ws[i], out=out), CALLS)
     rows.append({**base, "kernel": "cublas", "us": us, "gb_s": gb / us})
-    for bn, bk, pps in GRID:
+    for bn, bk, pps in [(64, *fused.default_tiles(B, dtype))] if DEFAULTS else GRID:
         need = fused.scratch_size(B, K, N, x.device, block_n=bn, block_k=bk, programs_per_sm=pps)
         scratch = (torch.empty(need, device="cuda"),
                    torch.zeros(fused.LOCKS, dtype=torch.int32, device="cuda"))
