@@ -4,7 +4,8 @@ on 20 copies of the weight, so that they are read from memory, not from L2; one 
 launch and no allocation in the time), the graph's replay timed by
 triton.testing.do_bench (median, L2 flushed before each replay), batch 1 and 32, float32 and
 bfloat16, beside cuBLAS (torch.addmm) captured alike; bandwidth is the weight's bytes over the time.
-Usage: python tools/tune_fused.py OUT_CSV [defaults]"""
+Usage: python tools/tune_fused.py OUT_CSV [defaults] [SHAPE ...]   (defaults: only the library's
+tiles; SHAPE: only these of SHAPES, e.g. lm_head)"""
 import itertools
 import sys
 
@@ -17,7 +18,8 @@ from step_ab import bench_graph
 SHAPES = {"c_attn": (768, 2304), "attn.c_proj": (768, 768), "c_fc": (768, 3072),
           "mlp.c_proj": (3072, 768), "lm_head": (768, 50257)}
 GRID = list(itertools.product((32, 64, 128), (32, 64, 128), (2, 4, 8)))
-DEFAULTS = sys.argv[2:] == ["defaults"]  # only the default tiles (64 columns, default_tiles)
+DEFAULTS = "defaults" in sys.argv[2:]  # only the default tiles (64 columns, default_tiles)
+SHAPES = {n: s for n, s in SHAPES.items() if n in sys.argv[2:]} or SHAPES
 rows = []
 
 
