@@ -189,10 +189,11 @@ def sm_count(device):
 
 
 def default_tiles(B, dtype):
-    """(block_k, programs_per_sm), the GEMV's tiles by default: the fastest measured for GPT-2's
-    step on an H200 (results/h200/fused/gemv_tiles/). At batch 1, and in bfloat16, 128 rows of K
-    per tile and about two programs per SM: most chunks of K are one tile, which a program reads
-    before its PDL wait. float32 at batch > 1 (three TF32 products per dot): 32 rows, four per SM."""
+    """(block_k, programs_per_sm), the GEMV's tiles by default: the fastest measured
+    for GPT-2's step on an H200 (results/h200/fused/gemv_tiles/). At batch 1, and in
+    bfloat16, 128 rows of K per tile and about two programs per SM: most chunks of K
+    are one tile, which a program reads before its PDL wait. float32 at batch > 1
+    (three TF32 products per dot): 32 rows, four programs per SM."""
     return (32, 4) if B > 1 and dtype == torch.float32 else (128, 2)
 
 
