@@ -80,9 +80,9 @@ def test_mlp_step_gives_model_generate_tokens():
 
 def test_step_ab_compares_patched_steps_on_the_tiny_model():
     # tools/step_ab.py, which the step probes share, with probe_early_kv's and probe_gemv_tiles'
-    # patched steps: the library's step beside one with other GEMV tiles and early_kv, the same
-    # tokens as each other and as model.generate, the tiles in force (a larger scratch: more
-    # splits), and the library's defaults put back after
+    # patched steps: the library's step (early_kv=True) beside one with other GEMV tiles and
+    # early_kv=False, the same tokens as each other and as model.generate, both attentions called,
+    # the tiles in force (a larger scratch: more splits), and the library's defaults put back after
     import sys
     sys.path.insert(0, str(ROOT / "tools"))
     try:
@@ -91,11 +91,22 @@ def test_step_ab_compares_patched_steps_on_the_tiny_model():
     finally:
         sys.path.remove(str(ROOT / "tools"))
     defaults = (fused.default_tiles, fused.attention)
-    patched = with_early_kv(with_tiles(32, 64), False)
-    assert patched.__name__ == "k32_p64_late_kv"
-    model = fg.load_model("tiny", device=DEVICE)
-    df = compare_steps({"default": fused.FusedStep, "patched": patched}, (torch.float32,), (2,),
-                       "step", same_as="default", N=4, size="tiny", device=DEVICE, repeats=1)
+    seen = set()  # the early_kv of every attention call: the library's step and the patched one
+
+    def spy(*args, **kw):
+        seen.add(kw.get("early_kv"))
+        return defaults[1](*args, **kw)
+    fused.attention = spy
+    try:
+        patched = with_early_kv(with_tiles(32, 64), False)
+        assert patched.__name__ == "k32_p64_late_kv"
+        model = fg.load_model("tiny", device=DEVICE)
+        df = compare_steps({"default": fused.FusedStep, "patched": patched}, (torch.float32,),
+                           (2,), "step", same_as="default", N=4, size="tiny", device=DEVICE,
+                           repeats=1)
+    finally:
+        fused.attention = defaults[1]
+    assert seen == {True, False}
     assert list(df.step) == ["default", "patched"] and (df.ms_per_step > 0).all()
     assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
     assert (fused.default_tiles, fused.attention) == defaults
