@@ -43,8 +43,8 @@ case "${1:-check}" in
         fused) timeout 100 python3 tools/probe_fused.py "$R/probe_fused.csv" \
           > "$R/probe_fused_log.txt" 2>&1;;
         tune) timeout 60 python3 tools/tune_fused.py "$R/tune.csv" defaults > "$R/tune_log.txt" 2>&1;;
-        early_kv) taskset -c "$PIN" timeout 300 python3 tools/probe_early_kv.py "$R" 2>&1 \
-          > "$R/probe_early_kv_log.txt";;
+        early_kv) taskset -c "$PIN" timeout 300 python3 tools/probe_early_kv.py "$R" \
+          > "$R/probe_early_kv_log.txt" 2>&1;;
       esac
       pack
     done
