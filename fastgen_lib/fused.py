@@ -206,9 +206,9 @@ def gemv_tiles(B, K, N, device, block_n=None, block_k=None, programs_per_sm=None
     (under the CPU interpreter, which pays per program: at most ~4 tiles)."""
     if block_n is None:
         block_n = max(64, triton.next_power_of_2(triton.cdiv(N, 4))) if INTERPRET else 64
-    tiles_k, tiles_p = default_tiles(B, dtype)
-    block_k = block_k or tiles_k
-    programs_per_sm = tiles_p if programs_per_sm is None else programs_per_sm
+    dk, dp = default_tiles(B, dtype)
+    block_k = dk if block_k is None else block_k
+    programs_per_sm = dp if programs_per_sm is None else programs_per_sm
     block_m = 1 if B == 1 else 16 if B <= 16 else 32
     block_k = min(block_k, triton.next_power_of_2(K))
     tiles = triton.cdiv(N, block_n) * triton.cdiv(B, block_m)
