@@ -9,7 +9,8 @@ StaticCache of L slots. Per layer, five kernels (gpt-fast style: small, shapes i
 
 then one more `gemv` for ln_f + lm_head (float32 logits) and, under greedy decoding, one kernel for
 the whole token choice (`greedy_tail`): 62 kernels a step (layer 0's first GEMV computes the
-embedding in front of itself).
+embedding in front of itself). At batch 1 the attention and c_proj are one kernel
+(`attention_proj`, h = attention(...) @ W + b + h): 50 kernels a step.
 
 The GEMV splits K over several programs when a matrix has too few column tiles to fill the GPU; the
 last program of a column tile to finish (an atomic counter) sums the partial sums, in a fixed order,
@@ -440,6 +441,116 @@ def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=Non
     return o
 
 
+# --- at batch 1: the attention and the out-projection in one kernel -----------------
+
+@triton.jit
+def _softmax_block(q, k, v, keep, scale, m_i, l_i, acc):
+    """One block of keys of an online softmax: (max, sum, weighted values) updated."""
+    scores = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
+    scores = tl.where(keep, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=0))  # finite: a masked block weighs 0
+    alpha = tl.exp(m_i - m_new)
+    p = tl.where(keep, tl.exp(scores - m_new), 0.0)                        # [BLOCK_S]
+    return (m_new, l_i * alpha + tl.sum(p, axis=0),
+            acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0))
+
+
+@triton.jit
+def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_ptr, col_ptr,
+                           part_ptr, lock_ptr, B, H, D, N, scale,
+                           stride_qb, stride_kb, stride_kh, stride_ks, stride_mb,
+                           stride_wk, stride_wn, stride_rb, stride_yb,
+                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    # y [B, N] = attention(q, K, V) [B, H*D] @ W [H*D, N] + bias + r. Head h's output
+    # meets only rows h*D.. of W: program (n, h, b) attends with head h of row b over
+    # slots 0..col, then multiplies by its D rows of W, columns n*BLOCK_N..: one of H
+    # partial sums, which the last program of (b, n) adds up in order (as `gemv` does).
+    pid_n = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    ds = tl.arange(0, BLOCK_D)
+    d_ok = ds < D
+    # before the wait: the weights, and the keys and values earlier steps wrote (< col)
+    w = _weight_tile(w_ptr, h * D + ds, cols, h * D + D, col_ok, stride_wk, stride_wn)
+    n_keys = tl.load(col_ptr) + 1
+    ss = tl.arange(0, BLOCK_S)
+    kv = b * stride_kb + h * stride_kh + ss[:, None] * stride_ks + ds[None, :]
+    old = (ss < n_keys - 1)[:, None] & d_ok[None, :]
+    k = tl.load(k_ptr + kv, mask=old, other=0.0)
+    v = tl.load(v_ptr + kv, mask=old, other=0.0)
+    if PDL:  # q and column `col` of the cache come from the QKV GEMV ahead
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    new = (ss == n_keys - 1)[:, None] & d_ok[None, :]
+    k = tl.where(new, tl.load(k_ptr + kv, mask=new, other=0.0), k)
+    v = tl.where(new, tl.load(v_ptr + kv, mask=new, other=0.0), v)
+    q = tl.load(q_ptr + b * stride_qb + h * D + ds, mask=d_ok, other=0.0).to(tl.float32)
+    s_ok = ss < n_keys
+    keep = (tl.load(m_ptr + b * stride_mb + ss, mask=s_ok, other=0) != 0) & s_ok
+    m_i, l_i, acc = _softmax_block(q, k, v, keep, scale, -1.0e30, 0.0,
+                                   tl.zeros([BLOCK_D], dtype=tl.float32))
+    for s0 in range(BLOCK_S, n_keys, BLOCK_S):  # caches longer than one block
+        sj = s0 + tl.arange(0, BLOCK_S)
+        s_ok = sj < n_keys
+        kv_j = b * stride_kb + h * stride_kh + sj[:, None] * stride_ks + ds[None, :]
+        m_i, l_i, acc = _softmax_block(
+            q, tl.load(k_ptr + kv_j, mask=s_ok[:, None] & d_ok[None, :], other=0.0),
+            tl.load(v_ptr + kv_j, mask=s_ok[:, None] & d_ok[None, :], other=0.0),
+            (tl.load(m_ptr + b * stride_mb + sj, mask=s_ok, other=0) != 0) & s_ok,
+            scale, m_i, l_i, acc)
+    o = (acc / l_i).to(w_ptr.dtype.element_ty).to(tl.float32)  # as `attention` stores
+    part = part_ptr + b * N + cols                         # this (b, n)'s partial sums
+    tl.store(part + h * B * N, tl.sum(o[:, None] * w.to(tl.float32), 0), mask=col_ok)
+    tl.debug_barrier()  # every thread's store is issued before the counter moves
+    lock = lock_ptr + b * tl.num_programs(0) + pid_n
+    if tl.atomic_add(lock, 1, sem="acq_rel") == H - 1:
+        y = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for i in range(H):  # fixed order, whoever came last
+            y += tl.load(part + i * B * N, mask=col_ok, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(lock, 0)  # ready for the next kernel
+        y += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + b * stride_rb + cols, mask=col_ok, other=0.0)
+        y = (y + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + b * stride_yb + cols, y, mask=col_ok)
+
+
+def attention_proj(q, keys, values, mask, col, weight, bias, residual, out=None,
+                   scratch=None, block_n=64, block_s=128, num_warps=4, pdl=False):
+    """attention(q, keys, values, mask, col) @ weight [H*D, N] + bias [N] + residual [B, N]
+    in one kernel (into `out`, which may be `residual` itself): the step's attention and
+    out-projection at batch 1. Each of the N/block_n column tiles attends again (H
+    programs each): more reads of the cache, one kernel and one round trip through memory
+    fewer. The slots before `col` are read before the PDL wait, as with
+    `attention(early_kv=True)`. scratch: as `gemv`'s, float32 [>= H*B*N] and int32 zeros
+    [>= B*N/block_n]."""
+    B, H, S, D = keys.shape
+    K, N = weight.shape
+    assert q.shape == (B, H * D) == (B, K) and values.shape == keys.shape, (q.shape, K)
+    assert mask.shape == (B, S) and bias.shape == (N,) and residual.shape == (B, N)
+    assert q.stride(-1) == 1 and keys.stride() == values.stride() and keys.stride(-1) == 1
+    assert bias.is_contiguous() and residual.stride(-1) == 1
+    if mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)
+    y = out if out is not None else torch.empty_like(residual)
+    assert y.shape == (B, N) and y.stride(-1) == 1 and mask.stride(-1) == 1
+    tiles = triton.cdiv(N, block_n)
+    if scratch is None:
+        scratch = (torch.empty(H * B * N, dtype=torch.float32, device=q.device),
+                   torch.zeros(B * tiles, dtype=torch.int32, device=q.device))
+    assert scratch[0].numel() >= H * B * N and scratch[1].numel() >= B * tiles
+    _attention_proj_kernel[(tiles, H, B)](
+        q, keys, values, mask, weight, bias, residual, y, col, *scratch, B, H, D, N,
+        D ** -0.5, q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
+        mask.stride(0), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
+        BLOCK_S=min(block_s, triton.next_power_of_2(S)), BLOCK_D=triton.next_power_of_2(D),
+        BLOCK_N=block_n, PDL=pdl, num_warps=num_warps,
+        **({"launch_pdl": True} if pdl else {}))
+    return y
+
+
 # --- the token choice: argmax, padding, EOS, the step's writes, "all finished" -------------------------
 
 @triton.jit
@@ -525,7 +636,7 @@ class Buffers:
         need = max(scratch_size(batch, K, N, dev, dtype=dt)
                    for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
         splits = attention_blocks(length)[1]
-        need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2))
+        need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2), H * batch * E)
         self.scratch = (torch.empty(need, dtype=torch.float32, device=dev),
                         torch.zeros(LOCKS, dtype=torch.int32, device=dev))
 
@@ -549,8 +660,12 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
         gemv(h, at.c_attn.weight, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
              qkv=(layer.keys, layer.values, col), **kw)                 # q [B, E]
         embed = None
-        attention(q, layer.keys, layer.values, mask, col, out=a, early_kv=True, **kw)
-        gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw)
+        if h.shape[0] == 1:  # one kernel: each head's output is a slice of c_proj's K
+            attention_proj(q, layer.keys, layer.values, mask, col, at.c_proj.weight,
+                           at.c_proj.bias, h, out=h, **kw)
+        else:
+            attention(q, layer.keys, layer.values, mask, col, out=a, early_kv=True, **kw)
+            gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw)
         gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw)
         gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, **kw)
     lm_head = model.lm_head.weight.t()                                  # [E, V] view

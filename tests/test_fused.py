@@ -312,6 +312,32 @@ def test_attention_whole_masked_blocks_int_mask_and_explicit_scale():
     close(got, reference_attention(q, k, v, mask, scale=0.2), torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H,S,D,col,block_s", [(1, 2, 40, 32, 25, 128), (1, 12, 300, 64, 299, 128),
+                                                 (3, 2, 40, 32, 0, 16), (2, 2, 40, 32, 37, 8)])
+def test_attention_proj_equals_attention_then_gemv(B, H, S, D, col, block_s, dtype):
+    # attention and out-projection in one kernel: the attention's output rounded to the dtype, times
+    # W, + bias + residual (in place); slots past `col` never read (NaN there), left padding masked,
+    # caches of one block and of several (the online softmax), the counters left at 0
+    q, k, v, mask = attention_inputs(B, H, S, D, dtype, pad=[(5 * i) % 9 for i in range(B)])
+    mask[:, : col + 1] |= torch.arange(col + 1, device=DEVICE) == col  # the step's own slot
+    k[:, :, col + 1 :], v[:, :, col + 1 :] = float("nan"), float("nan")
+    w, bias = linear(H * D, 96, dtype)
+    h = rand(B, 96, dtype=dtype)
+    c = torch.tensor(col, device=DEVICE)
+    a = fused.attention(q, k, v, mask, c)
+    want = (a.float() @ w.float() + bias.float() + h.float()).to(dtype)
+    locks = torch.zeros(B * 2, dtype=torch.int32, device=DEVICE)
+    scratch = (torch.empty(H * B * 96, device=DEVICE), locks)
+    for _ in range(2):
+        got = fused.attention_proj(q, k, v, mask, c, w, bias, h.clone(), scratch=scratch,
+                                   block_s=block_s)
+        close(got, want, dtype)
+        assert not locks.any()
+    fused.attention_proj(q, k, v, mask, c, w, bias, h, out=h, scratch=scratch, block_s=block_s)
+    close(h, want, dtype)
+
+
 # --- the token choice --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("use_eos", [True, False])

@@ -4,7 +4,8 @@
 #   OUT=... bash tools/fused_check.sh tune    # the GEMV's tiles (tools/tune_fused.py)
 #   OUT=... bash tools/fused_check.sh book    # chapter 9's tables: the bench, PDL on and off,
 #       kernels per step, each kernel's time, each GEMV alone (default tiles), what is read
-#       before the waits (tools/probe_early_kv.py), into R (default results/h200/fused/run),
+#       before the waits (tools/probe_early_kv.py), attention and c_proj joined at batch 1
+#       (tools/probe_attention_proj.py), into R (default results/h200/fused/run),
 #       packed as $OUT/run.tgz; PARTS="bench pdl" (say) runs some of them
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -29,7 +30,7 @@ case "${1:-check}" in
     # device tool brings back only a few loose files. PARTS: some of the parts, in this order
     R=${R:-results/h200/fused/run}; mkdir -p "$R"; cp "$OUT/gpu_state.txt" "$R/"
     pack() { tar czf "$OUT/run.tgz" "$R"; }
-    for part in ${PARTS:-tests bench pdl kernels fused tune early_kv}; do
+    for part in ${PARTS:-tests bench pdl kernels fused tune early_kv attention_proj}; do
       case $part in
         tests) timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py \
           tests/gpu/test_gpu_fused.py 2>&1 | tail -15 > "$R/gpu_tests.txt";;
@@ -45,6 +46,8 @@ case "${1:-check}" in
         tune) timeout 60 python3 tools/tune_fused.py "$R/tune.csv" defaults > "$R/tune_log.txt" 2>&1;;
         early_kv) taskset -c "$PIN" timeout 300 python3 tools/probe_early_kv.py "$R" \
           > "$R/probe_early_kv_log.txt" 2>&1;;
+        attention_proj) taskset -c "$PIN" timeout 200 python3 tools/probe_attention_proj.py "$R" \
+          > "$R/probe_attention_proj_log.txt" 2>&1;;
       esac
       pack
     done
