@@ -39,7 +39,7 @@ case "${1:-check}" in
           | grep -v "it/s" > "$R/bench_log.txt";;
         pdl) taskset -c "$PIN" timeout 150 python3 tools/probe_pdl.py "$R" 2>&1 \
           | grep -v "it/s" > "$R/probe_pdl_log.txt";;
-        kernels) timeout 170 python3 tools/probe_kernels.py "$R/kernels.csv" interleaved fused \
+        kernels) timeout 280 python3 tools/probe_kernels.py "$R/kernels.csv" interleaved fused \
           > "$R/probe_kernels_log.txt" 2>&1;;
         fused) timeout 100 python3 tools/probe_fused.py "$R/probe_fused.csv" \
           > "$R/probe_fused_log.txt" 2>&1;;
