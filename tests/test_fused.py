@@ -511,3 +511,32 @@ def test_gpu_loop_refuses_a_cpu_sampling_and_streaming():
     if DEVICE == "cpu":
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
             fg.generate(model, ids, mask, decoder="gpu_loop", max_new_tokens=4)
+
+
+def test_fused_step_at_batch_1_joins_attention_and_c_proj(monkeypatch):
+    # at batch 1 each layer's attention and c_proj are one kernel (`attention_proj`; `attention`
+    # never runs), with model.generate's tokens (rows that stop apart: the tests above, batch 4)
+    from fastgen_lib import decoders, stops
+    from fastgen_lib.models import EOS
+    from fastgen_lib.reference import hf_generate
+    from fastgen_lib.steps import GenConfig
+    calls = {"attention": 0, "attention_proj": 0}
+
+    def spy(name):
+        real = getattr(fused, name)
+
+        def counted(*args, **kw):
+            calls[name] += 1
+            return real(*args, **kw)
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(fused, name, spy(name))
+    model = fg.load_model("tiny", device=DEVICE)
+    ids, mask = fg.make_batch(1, 8, seed=3, device=DEVICE)
+    N = 16
+    ref = hf_generate(model, ids, mask, N, EOS, EOS, cache_implementation="static")
+    gen = GenConfig(N, (EOS,), EOS, False, 1.0, None, 0, None)
+    out = decoders.decode(model, ids, mask, gen, fused.FusedStep, stops.interleaved)
+    assert out.shape == (1, 8 + N) and torch.equal(out, ref), (out, ref)
+    assert calls["attention"] == 0 and calls["attention_proj"] > 0
