@@ -664,7 +664,8 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
             attention_proj(q, layer.keys, layer.values, mask, col, at.c_proj.weight,
                            at.c_proj.bias, h, out=h, **kw)
         else:
-            attention(q, layer.keys, layer.values, mask, col, out=a, early_kv=True, **kw)
+            attention(q, layer.keys, layer.values, mask, col, out=a, early_kv=True,
+                      **kw)
             gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw)
         gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw)
         gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, **kw)

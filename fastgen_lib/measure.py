@@ -71,22 +71,24 @@ def host_pace(n=20_000):
 
 
 def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
-    """The book's timing protocol. `calls` maps names to functions. Each is called `warmup`
-    times (compile, capture, lazy init), then rounds run every call once, in turn (A B C A B C
-    ...), so that a slow moment of the machine hits all methods alike. Each call is timed
-    between two synchronizations, with the garbage collector off. The host's pace is taken
-    before and after each round: a round where the host ran over `pace_slack` times slower
-    than at its best in this process is left out, and rounds go on until `repeats` ran at
-    full pace (at most `max_rounds`, default 2 x repeats; then the `repeats` best-paced).
-    `pace_slack=None` keeps every round. Returns ({name: [seconds]}, {name: last result},
-    {"rounds": rounds run, "full_pace": whether `repeats` of them ran at full pace,
-    "pace_ratio": the kept rounds' median pace over the best})."""
+    """The book's timing protocol. `calls` maps names to functions. Each is called
+    `warmup` times (compile, capture, lazy init), then rounds run every call once, in
+    turn (A B C A B C ...), so that a slow moment of the machine hits all methods alike.
+    Each call is timed between two synchronizations, with the garbage collector off. The
+    host's pace is taken before and after each round: a round where the host ran over
+    `pace_slack` times slower than at its best in this process is left out, and rounds
+    go on until `repeats` ran at full pace (at most `max_rounds`, default 2 x repeats;
+    then the `repeats` best-paced). `pace_slack=None` keeps every round. Returns ({name:
+    [seconds]}, {name: last result}, {"rounds": rounds run, "full_pace": whether
+    `repeats` of them ran at full pace, "pace_ratio": the kept rounds' median pace over
+    the best})."""
     if pace_slack is not None and pace_slack < 1:
-        raise ValueError(f"pace_slack={pace_slack}: a ratio to the best pace, >= 1 (or None)")
+        raise ValueError(f"pace_slack={pace_slack}: a ratio to the best pace, "
+                         ">= 1 (or None)")
     max_rounds = 2 * repeats if max_rounds is None else max_rounds
     if repeats < 1 or max_rounds < repeats:
-        raise ValueError(f"repeats={repeats}, max_rounds={max_rounds}: need 1 <= repeats "
-                         f"<= max_rounds")
+        raise ValueError(f"repeats={repeats}, max_rounds={max_rounds}: "
+                         "need 1 <= repeats <= max_rounds")
     out = {}
     for _ in range(warmup):
         for name, fn in calls.items():
@@ -94,12 +96,14 @@ def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
     sync()
 
     def full(rounds):  # the rounds where the host ran at full pace
-        return [r for r in rounds if pace_slack is None or r[0] <= pace_slack * _BEST_PACE[0]]
+        return [r for r in rounds
+                if pace_slack is None or r[0] <= pace_slack * _BEST_PACE[0]]
 
     rounds = []  # (the host's slower pace around the round, {name: seconds})
     enabled = gc.isenabled()
     gc.collect()
-    gc.disable()  # a collection in a timed call would be charged to whichever method ran then
+    # a collection in a timed call would be charged to whichever method ran then
+    gc.disable()
     try:
         while len(full(rounds)) < repeats and len(rounds) < max_rounds:
             pace = host_pace() if pace_slack else 0.0
@@ -107,16 +111,19 @@ def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
             for name, fn in calls.items():
                 t0 = time.perf_counter()
                 out[name] = fn()
-                sync()  # host waits for the GPU here: the timer stops when the GPU has finished
+                # host waits for the GPU here: the timer stops when the GPU has finished
+                sync()
                 t[name] = time.perf_counter() - t0
             rounds.append((max(pace, host_pace()) if pace_slack else 0.0, t))
     finally:
         if enabled:
             gc.enable()
     kept = full(rounds)
-    if len(kept) < repeats:  # the host never came back to full pace: its best-paced rounds
+    # the host never came back to full pace: its best-paced rounds
+    if len(kept) < repeats:
         kept = sorted(rounds, key=lambda r: r[0])[:repeats]
-    ratio = float(np.median([p for p, _ in kept])) / _BEST_PACE[0] if pace_slack else np.nan
+    ratio = (float(np.median([p for p, _ in kept])) / _BEST_PACE[0] if pace_slack
+             else np.nan)
     stats = {"rounds": len(rounds), "full_pace": len(full(rounds)) >= repeats,
              "pace_ratio": ratio}
     return {name: [t[name] for _, t in kept] for name in calls}, out, stats
@@ -141,12 +148,14 @@ def decoder_call(model, input_ids, attention_mask, decoder, max_new_tokens, **ge
 
 
 def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1):
-    """Time methods side by side. `calls` maps a method name to `call(n)`, which generates `n` new
-    tokens. For each method, `call(max_new_tokens)` and `call(1)` are timed, all alternated (`compare`).
-    `call(1)` is the time to first token (the prefill and one token choice); the decode time per step
-    is the difference, over the other steps, taken round by round. Returns (rows, {method: tokens})."""
+    """Time methods side by side. `calls` maps a method name to `call(n)`, which
+    generates `n` new tokens. For each method, `call(max_new_tokens)` and `call(1)` are
+    timed, all alternated (`compare`). `call(1)` is the time to first token (the prefill
+    and one token choice); the decode time per step is the difference, over the other
+    steps, taken round by round. Returns (rows, {method: tokens})."""
     first_s = {}
-    for m, c in calls.items():  # the first call of each holds its compile: reported apart
+    # the first call of each holds its compile: reported apart
+    for m, c in calls.items():
         t0 = time.perf_counter()
         c()
         sync()
@@ -157,8 +166,9 @@ def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1)
         if max_new_tokens > 1:
             timed[f"{m}@1"] = lambda c=c: c(1)
     times, outs, stats = compare(timed, repeats, warmup)
-    rows = [_row(model, input_ids, max_new_tokens, m, times[m], times.get(f"{m}@1", times[m]),
-                 outs[m], first_s[m], getattr(calls[m], "decode_attention", None)) | stats
+    rows = [_row(model, input_ids, max_new_tokens, m, times[m],
+                 times.get(f"{m}@1", times[m]), outs[m], first_s[m],
+                 getattr(calls[m], "decode_attention", None)) | stats
             for m in calls]
     return rows, {m: outs[m] for m in calls}
 
@@ -206,16 +216,21 @@ def fit_exponent(lengths, seconds):
 # --- the floor -------------------------------------------------------------------------------------------
 
 def bytes_per_step(model, batch, context):
-    """Bytes one decode step of `model` must move at least: every weight once, from the model's own
-    parameter tensors (a tied embedding is one tensor: it doubles as the lm_head, so it is read in full,
-    once), plus the keys and values it attends over: 2 x layers x batch x context x kv heads x head size,
-    in the model's dtype. `context` is the current length for a dynamic cache and the whole cache length
-    for a static one (it attends over the unused positions too)."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # each tensor once, tied or not
-    cfg = model.config  # the generic names: GPT2Config maps them to n_layer, n_head, n_embd
+    """Bytes one decode step of `model` must move at least: every weight once, from the
+    model's own parameter tensors (a tied embedding is one tensor: it doubles as the
+    lm_head, so it is read in full, once), plus the keys and values it attends over: 2 x
+    layers x batch x context x kv heads x head size, in the model's dtype. `context` is
+    the current length for a dynamic cache and the whole cache length for a static one
+    (it attends over the unused positions too)."""
+    # each tensor once, tied or not
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    # the generic names: GPT2Config maps them to n_layer, n_head, n_embd
+    cfg = model.config
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv = 2 * cfg.num_hidden_layers * batch * context * kv_heads * head_dim * model.dtype.itemsize
+    head_dim = (getattr(cfg, "head_dim", None)
+                or cfg.hidden_size // cfg.num_attention_heads)
+    kv = (2 * cfg.num_hidden_layers * batch * context * kv_heads * head_dim
+          * model.dtype.itemsize)
     return weights + kv
 
 

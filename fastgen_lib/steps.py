@@ -200,9 +200,10 @@ class StaticStep(EagerStep):
 # --- ch. 5: one compiled step, replayed ------------------------------------------------------------------
 
 def decode_step(model, cache, chooser, tok, step_pos, mask, col, finished, out, done):
-    """One whole decode step, the function that is compiled: forward on `tok` [B, 1], choose the next
-    token, write it into `out` [B, L] at column `col` and into `tok`, advance the position, and set
-    `done` (0-d: "all rows finished"). Only in-place writes, so it replays as a CUDA graph."""
+    """One whole decode step, the function that is compiled: forward on `tok` [B, 1],
+    choose the next token, write it into `out` [B, L] at column `col` and into `tok`,
+    advance the position, and set `done` (0-d: "all rows finished"). Only in-place
+    writes, so it replays as a CUDA graph."""
     col += 1
     logits = forward(model, tok, mask, step_pos, cache)
     nxt = choose(logits, finished, col, chooser)
@@ -212,19 +213,22 @@ def decode_step(model, cache, chooser, tok, step_pos, mask, col, finished, out, 
     done.copy_(finished.all())
 
 
-def one_query_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention for a decode step (one query token) as plain tensor math, which torch.compile fuses into a
-    few small reductions. Shapes: query [B, H, 1, D], key/value [B, H, S, D] (the whole static cache),
-    attention_mask bool [B, 1, 1, S] (True = attend). Returns [B, 1, H, D], like transformers' kernels.
-    Longer queries (the prefill) go to SDPA."""
+def one_query_attention(module, query, key, value, attention_mask, scaling=None,
+                        dropout=0.0, **kwargs):
+    """Attention for a decode step (one query token) as plain tensor math, which
+    torch.compile fuses into a few small reductions. Shapes: query [B, H, 1, D],
+    key/value [B, H, S, D] (the whole static cache), attention_mask bool [B, 1, 1, S]
+    (True = attend). Returns [B, 1, H, D], like transformers' kernels. Longer queries
+    (the prefill) go to SDPA."""
     if query.shape[2] != 1 or dropout:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      scaling=scaling, **kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    scores = (query.float() * key.float()).sum(-1) * scaling                   # [B, H, S]
+    scores = (query.float() * key.float()).sum(-1) * scaling                 # [B, H, S]
     if attention_mask is not None:
         scores = scores.masked_fill(~attention_mask[:, :, 0], float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    out = (weights[..., None] * value.float()).sum(-2)                         # [B, H, D]
+    out = (weights[..., None] * value.float()).sum(-2)                       # [B, H, D]
     return out.to(value.dtype)[:, None], None
 
 
@@ -296,9 +300,10 @@ def quiet_compile():
 
 @functools.cache
 def compiled_decode_step():
-    """`decode_step` under torch.compile, made on first use, one per process (dynamo keeps its compiled
-    code per Python function). dynamic=True: sizes are symbolic, so most new batch sizes and cache
-    lengths reuse a compile (dynamo still specializes sizes 0 and 1)."""
+    """`decode_step` under torch.compile, made on first use, one per process (dynamo
+    keeps its compiled code per Python function). dynamic=True: sizes are symbolic, so
+    most new batch sizes and cache lengths reuse a compile (dynamo still specializes
+    sizes 0 and 1)."""
     return torch.compile(decode_step, fullgraph=True, dynamic=True)
 
 
@@ -408,12 +413,14 @@ class GraphStep:
             self.compile_s = time.perf_counter() - t0
 
     def run(self, slot):
-        """`decode_step` through torch.compile, with this step's attention (recompile limit raised
-        here: every dtype, sampling setting or lm_head bias is one more compile of the same function)."""
+        """`decode_step` through torch.compile, with this step's attention (recompile
+        limit raised here: every dtype, sampling setting or lm_head bias is one more
+        compile of the same function)."""
         with decode_attention(self.model, self.attention), \
                 torch._dynamo.config.patch(recompile_limit=64):
-            compiled_decode_step()(self.model, self.cache, self.chooser, self.tok, self.step_pos,
-                                   self.mask, self.col, self.finished, self.out, self.done[slot])
+            compiled_decode_step()(self.model, self.cache, self.chooser, self.tok,
+                                   self.step_pos, self.mask, self.col, self.finished,
+                                   self.out, self.done[slot])
 
     def __call__(self, slot=0):
         """Launch one decode step on the current stream (a graph replay on CUDA); never waits."""

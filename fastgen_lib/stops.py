@@ -6,12 +6,14 @@ import torch
 
 
 def every_step(step, max_new_tokens, streamer=None):
-    """Ch. 5: after every step the host reads "all finished" (`.item()`: ch. 6's hidden sync).
-    A `streamer` gets each step's tokens [B] here too, while the GPU waits for the next launch."""
+    """Ch. 5: after every step the host reads "all finished" (`.item()`: ch. 6's hidden
+    sync). A `streamer` gets each step's tokens [B] here too, while the GPU waits for
+    the next launch."""
     for i in range(1, max_new_tokens):
         if streamer is not None:
             streamer.put(step.out[:, step.t + i - 1].cpu())
-        if step.done[0].item():  # host waits for the GPU here: the GPU idles until the next launch
+        # host waits for the GPU here: the GPU idles until the next launch
+        if step.done[0].item():
             return i
         step(0)
     if streamer is not None:
@@ -23,18 +25,20 @@ every_step.slots = (0,)
 
 
 class Flags:
-    """Pinned host copies of a step's two "all finished" flags (and, for a streamer, its tokens):
-    each copied non-blocking, marked with an event, and read once that event has passed."""
+    """Pinned host copies of a step's two "all finished" flags (and, for a streamer, its
+    tokens): each copied non-blocking, marked with an event, and read once that event
+    has passed."""
 
     def __init__(self, device, batch=0):
         self.cuda = device.type == "cuda"
         self.host = torch.zeros(2, dtype=torch.bool, pin_memory=self.cuda)
-        self.tokens = torch.zeros(2, batch, dtype=torch.long, pin_memory=self.cuda and batch > 0)
+        self.tokens = torch.zeros(2, batch, dtype=torch.long,
+                                  pin_memory=self.cuda and batch > 0)
         self.copied = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
 
     def copy(self, slot, done, tokens=None):
-        """Queue the copy of `done` (and `tokens`) into pinned host memory on the current stream;
-        mark it with an event."""
+        """Queue the copy of `done` (and `tokens`) into pinned host memory on the
+        current stream; mark it with an event."""
         self.host[slot].copy_(done, non_blocking=True)
         if tokens is not None:
             self.tokens[slot].copy_(tokens, non_blocking=True)
@@ -43,7 +47,8 @@ class Flags:
 
     def read(self, slot):
         if self.cuda:
-            self.copied[slot].synchronize()  # host waits for the GPU here: until that flag has landed
+            # host waits for the GPU here: until that flag has landed
+            self.copied[slot].synchronize()
         return bool(self.host[slot])
 
 
