@@ -9,8 +9,9 @@ interleaved driver) and `interleaved` (chapter 8's compiled step), GPT-2 124M, f
       process whose CUDA context and events block instead of spinning while the host waits (else
       a wait counts as work)
 
-Every timing follows the book's protocol (alternated, 10 kept rounds, median and IQR). Pin the
-process first (taskset -c 8-11): the busy-host burners share its cores."""
+Every timing follows the book's protocol (alternated, 10 kept rounds, median and IQR; 30 rounds,
+all kept, on the busy host). Pin the process first (taskset -c 8-11): the busy-host burners
+share its cores."""
 import collections
 import functools
 import gc
@@ -117,13 +118,16 @@ def api_calls(fn):
 
 
 def time_methods(batch, every_round):
-    """`measure.measure_calls` (10 rounds). `every_round`: keep the rounds where the host ran
-    slow too (compare's pace_slack=None), as it does on purpose under the busy host."""
+    """`measure.measure_calls`, 10 rounds. `every_round`: keep the rounds where the host ran
+    slow too (compare's pace_slack=None), as it does on purpose under the busy host, and take
+    30: a busy host's prefill and wake-ups vary by a few ms a call, which 10 paired rounds
+    leave as +-10% in a batch-1 step's median."""
     compare = measure.compare
     if every_round:
         measure.compare = functools.partial(compare, pace_slack=None)
     try:
-        return measure.measure_calls(model, batches[batch][0], calls(batch), N, repeats=10)
+        return measure.measure_calls(model, batches[batch][0], calls(batch), N,
+                                     repeats=30 if every_round else 10)
     finally:
         measure.compare = compare
 
