@@ -85,6 +85,8 @@ LESSONS = [
     ("09_fused", "attention and c_proj in one kernel make the batch-1 float32 step faster, same "
      "tokens", lambda r: r["ch9_joined_saved_b1_float32"] > 0.03
      and r["ch9_joined_same_tokens"] == 1),
+    ("09_fused", "a kernel's hand-off costs over 2 us with no bytes; a grid barrier under half",
+     lambda r: r["ch9_handoff_us_pdl"] > 2 and r["ch9_barrier_us"] < r["ch9_handoff_us_pdl"] / 2),
     ("10_gpu_loop", "gpu_loop gives model.generate's tokens, as fused does",
      lambda r: r["ch10_tokens_equal"] == 1),
     ("10_gpu_loop", "one graph launch per call, and the decode steps add no host wait",
