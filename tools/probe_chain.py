@@ -2,14 +2,15 @@
 waits for the one ahead, reads its input from L2, leaves partial sums, counts itself in, and the
 last program of a tile adds the partials: about 5 us a kernel at batch 1, for 1-2 us of bytes.
 This probe times that skeleton alone, in one CUDA graph of 50 or 100 kernels (the slope: us per
-kernel), and against it the same hand-off inside one persistent kernel (one program per SM, a
-grid-wide barrier between phases: the design of a "megakernel"):
+kernel), and against it phases inside one persistent kernel (one program per SM, a grid-wide
+barrier between phases: the design of a "megakernel"), which pass x along without partial sums:
 
   empty      one program: wait for the kernel ahead, y = x + 1 over 768 values
   handoff    the GEMV's skeleton: tiles x splits programs, each reads its 64 values of x (L2),
              stores a partial sum, counts itself in (atomic); the last of a tile's splits reads
              the tile's partials and writes its 64 values of y = x + 1
-  barrier    one kernel, one program per SM, 50 or 100 phases: read 64 values of x, write y = x + 1,
+  barrier    one kernel, one program per SM, 50 or 100 phases: read its share of x (8 values
+             on 132 SMs), write y = x + 1,
              then a grid-wide barrier (an atomic count and a spin), x and y swapped
 
 each with programmatic dependent launches (PDL) and without (the barrier: one launch). Every chain's
