@@ -1,19 +1,21 @@
-"""The decoders, one per chapter: each is a step backend (`steps.py`: how a step is computed) driven by
-a stop driver (`stops.py`: when the host learns that every row has finished). All have the same
-signature and, under greedy decoding, the same tokens as `model.generate`:
+"""The decoders, one per chapter: each is a step backend (`steps.py`: how a step is
+computed) driven by a stop driver (`stops.py`: when the host learns that every row has
+finished). All have the same signature and, under greedy decoding, the same tokens as
+`model.generate`:
 
-    decoder       ch.  step backend  stop driver
-    naive          1   NaiveStep     every_step   re-run the whole sequence every step: O(N^2)
-    kv_cache       2   DynamicStep   every_step   DynamicCache: grows by one position per step
-    static_cache   4   StaticStep    every_step   StaticCache: one buffer of the final length, eager
-    compiled       5   GraphStep     every_step   torch.compile, the step replayed as a CUDA graph
-    deferred       7   GraphStep     deferred     read step i-1's flag while step i runs
-    interleaved    7   GraphStep     interleaved  deferred on two CUDA streams in ping-pong
-    fused          9   FusedStep     interleaved  the step as Triton kernels (GPT-2, CUDA only)
-    gpu_loop      10   FusedStep     gpu_loop     every step and the stop in one CUDA graph launch
+    decoder      ch.  step backend  stop driver  what changes
+    naive         1   NaiveStep     every_step   re-runs the whole sequence: O(N^2)
+    kv_cache      2   DynamicStep   every_step   DynamicCache: one position more a step
+    static_cache  4   StaticStep    every_step   StaticCache: one buffer, final length
+    compiled      5   GraphStep     every_step   torch.compile, replayed as a CUDA graph
+    deferred      7   GraphStep     deferred     reads step i-1's flag while step i runs
+    interleaved   7   GraphStep     interleaved  deferred, two CUDA streams in ping-pong
+    fused         9   FusedStep     interleaved  the step as Triton kernels: GPT-2, CUDA
+    gpu_loop     10   FusedStep     gpu_loop     every step and the stop, one launch
 
-`generate()` is the entry point. A GraphStep is kept on the model for the next call with the same
-shapes and settings (its compile, graphs and buffers); `reset(model)` frees them.
+`generate()` is the entry point. A GraphStep is kept on the model for the next call
+with the same shapes and settings (its compile, graphs and buffers); `reset(model)`
+frees them.
 """
 import math
 import numbers
