@@ -11,9 +11,9 @@ before). Under Triton's CPU interpreter, which runs one program at a time (a spi
 the same kernel is launched once per phase (`phases` of one): the tests check the phases' math
 there, and the barrier on a GPU.
 
-  python tools/probe_persistent.py OUT_CSV     (GPU) us per MLP chain, each config, both dtypes
+  python tools/probe_persistent.py OUT_CSV     (GPU) us per chain of 12 MLPs (`step_ab.bench_graph`:
+      one CUDA graph, L2 flushed before each replay), each config, both dtypes
 """
-import statistics
 import sys
 
 import torch
@@ -140,30 +140,9 @@ def gemv_mlps(mlps, h, m, scratch, pdl=False):
     return h
 
 
-def time_graph(fn, replays=20, repeats=10):
-    """us per call of `fn` captured in a CUDA graph (median of `repeats` samples of `replays`)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(repeats + 1):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            g.replay()
-        b.record()
-        b.synchronize()
-        times.append(1e3 * a.elapsed_time(b) / replays)
-    return statistics.median(times[1:])
-
-
 def main(out):
     import pandas as pd
+    from step_ab import bench_graph  # tools/, shared by the probes
 
     import fastgen_lib as fg
 
@@ -181,14 +160,16 @@ def main(out):
         scratch = fused.Buffers(model, 1, 116).scratch
         want = gemv_mlps(mlps, h0.clone(), m, scratch)
         for _round in range(2):  # A B A B: every chain twice, the later round kept
-            got = {"gemv_pdl": (time_graph(lambda: (h.copy_(h0),
-                                                    gemv_mlps(mlps, h, m, scratch, True))), 0.0)}
+            got = {"gemv_pdl": (bench_graph(lambda i: (h.copy_(h0),
+                                                       gemv_mlps(mlps, h, m, scratch, True)),
+                                            calls=1), 0.0)}
             for name, cfg in configs.items():
                 h.copy_(h0)
                 persistent_mlps(mlps, h, m, cnt, **cfg)
                 err = (h.float() - want.float()).abs().max().item()
-                us = time_graph(lambda cfg=cfg: (h.copy_(h0),
-                                                 persistent_mlps(mlps, h, m, cnt, **cfg)))
+                us = bench_graph(lambda i, cfg=cfg: (h.copy_(h0),
+                                                     persistent_mlps(mlps, h, m, cnt, **cfg)),
+                                 calls=1)
                 got[name] = (us, err)
         for name, (us, err) in got.items():
             rows.append({"dtype": str(dtype).split(".")[1], "chain": name, "us_12_mlps": us,
