@@ -23,10 +23,11 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def chain(model):
-    """h [1, E], the MLPs, and PyTorch's answer: h + mlp(ln_2(h)), layer after layer."""
+    """h [1, E], the MLPs, and PyTorch's answer: h + mlp(ln_2(h)), layer after layer (in the
+    model's dtype)."""
     torch.manual_seed(0)
     E = model.config.n_embd
-    h = torch.randn(1, E, device=DEVICE) * 2 + 0.5
+    h = (torch.randn(1, E, device=DEVICE) * 2 + 0.5).to(model.dtype)
     want = h.clone()
     with torch.no_grad():
         for b in model.transformer.h:
@@ -56,13 +57,49 @@ def test_persistent_mlps_phase_by_phase(cfg):
 def test_persistent_mlps_in_one_launch(dtype):
     model = fg.load_model("124m", device=DEVICE, dtype=dtype)
     h, mlps, want = chain(model)
-    h = h.to(dtype)
     m = torch.empty(1, mlps.F, device=DEVICE, dtype=dtype)
     cnt = torch.zeros(2, dtype=torch.int32, device=DEVICE)
     by_phase = probe.persistent_mlps(mlps, h.clone(), m, cnt, phases=1)
     for _ in range(2):  # twice: the counters were reset
         one = probe.persistent_mlps(mlps, h.clone(), m, cnt)
         torch.testing.assert_close(one, by_phase, rtol=0, atol=0)  # the same sums, in order
+    assert not cnt.any()
+    if dtype == torch.float32:
+        torch.testing.assert_close(one, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cfg", [dict(block_n=16, block_k=16, k_chunk1=16, k_chunk2=32),
+                                 dict(block_n=32, block_k=32, k_chunk1=32, k_chunk2=64,
+                                      programs=3),
+                                 dict(block_n=32, block_k=32, programs=3, prefetch=False)])
+def test_splitk_mlps_phase_by_phase(cfg):
+    # each GEMV split along K (4 and 8 chunks, or 2 and 4, or 1 and 1), its partials added by
+    # the phase after, the first tile of W read before the barrier or not; one launch per
+    # phase: PyTorch's answer, and the library's GEMVs'
+    model = fg.load_model("tiny", device=DEVICE)
+    h, mlps, want = chain(model)
+    hb = torch.full((probe.splitk_floats(mlps, **cfg),), float("nan"), device=DEVICE)
+    cnt = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    got = probe.splitk_mlps(mlps, h.clone(), hb, cnt, phases=1, **cfg)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    scratch = fused.Buffers(model, 1, 16).scratch
+    m = torch.empty(1, mlps.F, device=DEVICE)
+    torch.testing.assert_close(got, probe.gemv_mlps(mlps, h.clone(), m, scratch), rtol=1e-5,
+                               atol=1e-5)
+    assert not cnt.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_splitk_mlps_in_one_launch(dtype):
+    model = fg.load_model("124m", device=DEVICE, dtype=dtype)
+    h, mlps, want = chain(model)
+    hb = torch.zeros(probe.splitk_floats(mlps), device=DEVICE)
+    cnt = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    by_phase = probe.splitk_mlps(mlps, h.clone(), hb, cnt, phases=1)
+    for _ in range(2):  # twice: the counters were reset
+        one = probe.splitk_mlps(mlps, h.clone(), hb, cnt, cooperative=True)
+        torch.testing.assert_close(one, by_phase, rtol=0, atol=0)
     assert not cnt.any()
     if dtype == torch.float32:
         torch.testing.assert_close(one, want, rtol=1e-4, atol=1e-4)
