@@ -87,6 +87,9 @@ LESSONS = [
      and r["ch9_joined_same_tokens"] == 1),
     ("09_fused", "a kernel's hand-off costs over 2 us with no bytes; a grid barrier under half",
      lambda r: r["ch9_handoff_us_pdl"] > 2 and r["ch9_barrier_us"] < r["ch9_handoff_us_pdl"] / 2),
+    ("09_fused", "one persistent kernel is slower than the PDL chain; its phases alone take most of it",
+     lambda r: r["ch9_persistent_us_float32"] > r["ch9_pdl_chain_us_float32"]
+     and r["ch9_persistent_phases_us_float32"] > 0.75 * r["ch9_pdl_chain_us_float32"]),
     ("10_gpu_loop", "gpu_loop gives model.generate's tokens, as fused does",
      lambda r: r["ch10_tokens_equal"] == 1),
     ("10_gpu_loop", "one graph launch per call, and the decode steps add no host wait",
