@@ -40,8 +40,15 @@ def profile_decode(fn, path=None):
 def kernel_ms_per_step(fn, steps):
     """GPU time per decode step: profile `fn()` and sum the time the GPU was busy with the decoder's
     work (kernels, copies; overlapping intervals merged), over `steps`. Beside the wall time per step,
-    it says whether a loop is bound by the GPU's work or by the host that feeds it."""
-    return gpu_gaps(profile_decode(fn))["busy_us"] / steps / 1e3
+    it says whether a loop is bound by the GPU's work or by the host that feeds it.
+    fn may be {decoder: function calling `generate` with it}: all in one profiler session, then
+    {decoder: ms} (each call's work told apart by its "fastgen.<decoder>" range). One session
+    attaches CUPTI once: with TEARDOWN_CUPTI=1 none stays to slow the host afterwards."""
+    if not isinstance(fn, dict):
+        return gpu_gaps(profile_decode(fn))["busy_us"] / steps / 1e3
+    trace = profile_trace(lambda: [f() for f in fn.values()])
+    return {d: gpu_gaps(trace_intervals(trace, annotation=f"fastgen.{d}"))["busy_us"] / steps / 1e3
+            for d in fn}
 
 
 def trace_intervals(trace, annotation=None):

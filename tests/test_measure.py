@@ -180,6 +180,28 @@ def test_trace_intervals_keeps_only_what_generate_launched():
     assert list(traces.trace_intervals(trace, annotation="fastgen.").name) == ["inside"]
 
 
+def test_kernel_ms_per_step_of_several_decoders_profiles_once(monkeypatch):
+    # two decoders' calls in one session, their kernels told apart by their generate ranges
+    trace = _trace([("kernel", "a", 10, 4, 7, 1), ("kernel", "b", 30, 6, 7, 2),
+                    ("kernel", "b2", 40, 10, 7, 3)])
+    for name, ts, corr in (("fastgen.naive", 0, 1), ("fastgen.kv_cache", 20, 2),
+                           ("fastgen.kv_cache", 20, 3)):
+        trace["traceEvents"] += [dict(ph="X", cat="user_annotation", name=name, ts=ts, dur=15),
+                                 dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel",
+                                      ts=ts + 5, dur=1, args={"correlation": corr})]
+    ran, sessions = [], []
+
+    def fake_profile(fn, path=None):
+        sessions.append(1)
+        fn()
+        return trace
+    monkeypatch.setattr(traces, "profile_trace", fake_profile)
+    ms = traces.kernel_ms_per_step({"naive": lambda: ran.append("naive"),
+                                    "kv_cache": lambda: ran.append("kv_cache")}, steps=2)
+    assert sessions == [1] and ran == ["naive", "kv_cache"]
+    assert ms == {"naive": 4 / 2 / 1e3, "kv_cache": 16 / 2 / 1e3}
+
+
 def test_profile_decode_runs_on_cpu(model):
     ids, mask = fg.make_batch(1, 4)
     iv = traces.profile_decode(lambda: fg.generate(model, ids, mask, decoder="kv_cache", max_new_tokens=3))
