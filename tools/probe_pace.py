@@ -1,8 +1,9 @@
 """Does an eager decoder's call time follow the host's pace? `measure.compare` leaves out rounds
 where `measure.host_pace` (a fixed piece of pure Python) ran slow; this probe checks that the two
 move together, and that a CUDA-graph decoder (the control) does not. In one process, again and
-again: the pace, one eager kv_cache call and one compiled call (batch 1, 20 new tokens), the pace
-again; beside them what the kernel counted: CPU time stolen by the hypervisor (/proc/stat), this
+again: the pace, on CUDA the launch pace (200 launches of a tiny kernel: the launch path, which
+pure Python does not see), one eager kv_cache call and one compiled call (batch 1, 20 new tokens),
+the pace again; beside them what the kernel counted: CPU time stolen by the hypervisor (/proc/stat), this
 thread's wait in the run queue (/proc/self/schedstat) and involuntary context switches. Phases pin
 the process to all cores, to 4 and to 1, twice over. Writes OUT/pace.csv, OUT/pace.png and prints
 a summary; "recall" is the share of slow eager calls (over 1.3 x the median) that the pace flagged.
@@ -20,6 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 
 import fastgen_lib as fg  # noqa: E402
 from fastgen_lib import measure, plots  # noqa: E402
@@ -40,6 +42,21 @@ def run_delay_ms():
         return 0.0
 
 
+def launch_pace(n=200):
+    """Seconds that n launches of a tiny CUDA kernel take on the host (best of three), the
+    GPU drained before each try: the launch path's pace, which pure Python does not see."""
+    x = torch.zeros(1, device="cuda")
+    best = float("inf")
+    for _ in range(3):
+        measure.sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x.add_(1.0)
+        best = min(best, time.perf_counter() - t0)
+    measure.sync()
+    return best
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -56,6 +73,7 @@ def main():
 
     for _ in range(3):  # compile and capture the control, warm the eager one
         call("kv_cache"), call("compiled")
+    cuda = torch.cuda.is_available()
     cpus = sorted(os.sched_getaffinity(0))
     phases = [("all cores", set(cpus)), ("4 cores", set(cpus[-4:])), ("1 core", {cpus[-1]})] * 2
     rows, t0 = [], time.perf_counter()
@@ -67,6 +85,7 @@ def main():
             s0, d0 = steal_ms(), run_delay_ms()
             c0 = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
             pace = measure.host_pace()
+            launch = launch_pace() if cuda else float("nan")
             t = time.perf_counter()
             call("kv_cache")
             t1 = time.perf_counter()
@@ -74,6 +93,7 @@ def main():
             t2 = time.perf_counter()
             pace = max(pace, measure.host_pace())
             rows.append({"t_s": t - t0, "phase": k, "pinning": name, "pace_ms": 1e3 * pace,
+                         "launch_us": 1e6 * launch / 200,
                          "eager_ms": 1e3 * (t1 - t), "graph_ms": 1e3 * (t2 - t1),
                          "steal_ms": steal_ms() - s0, "run_delay_ms": run_delay_ms() - d0,
                          "nivcsw": resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - c0})
@@ -87,10 +107,14 @@ def main():
     summary = df.groupby(["phase", "pinning"]).agg(
         calls=("eager_ms", "size"), eager_ms=("eager_ms", "median"),
         eager_p90=("eager_ms", lambda s: s.quantile(0.9)), graph_ms=("graph_ms", "median"),
-        pace_ms=("pace_ms", "median"), flagged=("flagged", "mean"), slow=("slow", "mean"),
+        pace_ms=("pace_ms", "median"), launch_us=("launch_us", "median"), flagged=("flagged", "mean"), slow=("slow", "mean"),
         steal_ms=("steal_ms", "sum"), run_delay_ms=("run_delay_ms", "sum"))
     print(summary.round(3).to_string())
     r = {c: np.corrcoef(df.pace_ms, df[c])[0, 1] for c in ("eager_ms", "graph_ms")}
+    if cuda:
+        print(f"r(launch, eager) = {np.corrcoef(df.launch_us, df.eager_ms)[0, 1]:.2f}; "
+              f"eager ms per launch us (median ratio) "
+              f"{(df.eager_ms / df.launch_us).median():.1f}")
     slow = df[df.slow]
     print(f"calls {len(df)}, slow eager calls {len(slow)}; recall (slow and flagged) "
           f"{slow.flagged.mean() if len(slow) else float('nan'):.2f}; flagged but not slow "
