@@ -48,3 +48,35 @@ def test_probe_pace_runs_on_the_tiny_model(tmp_path):
     df = pd.read_csv(tmp_path / "pace.csv")
     assert set(df.phase) == set(range(6)) and (df.eager_ms > 0).all() and (df.pace_ms > 0).all()
     assert (tmp_path / "pace.png").stat().st_size > 0 and "recall" in r.stdout
+
+
+def test_pace_monitor_samples_until_stopped_and_flags_slow_chapters(tmp_path):
+    import signal
+    import time
+
+    import pandas as pd
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    log = tmp_path / "pace_log.csv"
+    mon = subprocess.Popen([sys.executable, str(ROOT / "tools" / "pace_monitor.py"), "run", str(log),
+                            "--every", "0.2"], env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 4):
+        time.sleep(0.1)
+    mon.send_signal(signal.SIGTERM)
+    assert mon.wait(timeout=30) == 0
+    pace = pd.read_csv(log)
+    assert len(pace) >= 3 and (pace.pace_ms > 0).all() and pace.t_s.is_monotonic_increasing
+
+    # a synthetic log: chapter a at 0.5 ms, b at 0.9 (slow), c without a sample (unknown: slow)
+    pd.DataFrame({"t_s": [1, 2, 3, 11, 12], "pace_ms": [0.5, 0.6, 0.5, 0.9, 0.95]}).to_csv(log, index=False)
+    chapters = tmp_path / "chapters.csv"
+
+    def summary(rows):
+        pd.DataFrame(rows, columns=["chapter", "start_s", "end_s"]).to_csv(chapters, index=False)
+        return subprocess.run([sys.executable, str(ROOT / "tools" / "pace_monitor.py"), "summary",
+                               str(log), str(chapters)], capture_output=True, text=True, env=env,
+                              timeout=120)
+    ok = summary([("a", 0, 5)])
+    assert ok.returncode == 0 and "host at pace" in ok.stdout, ok.stdout + ok.stderr
+    slow = summary([("a", 0, 5), ("b", 10, 13), ("c", 20, 30)])
+    assert slow.returncode == 1 and "HOST SLOW" in slow.stdout and "during: b, c" in slow.stdout

@@ -7,7 +7,9 @@
 #                                  tests/gpu -k "$TESTS" (an expression), if DEADLINE (s) leaves time
 #
 # Writes $OUT/book.tgz (the executed notebooks and every file the chapters wrote under results/),
-# $OUT/book_log.txt and, with TESTS, $OUT/gpu_tests.txt. The GPU's state before the run is logged,
+# $OUT/book_log.txt, the host's pace while each chapter ran ($OUT/pace_log.csv, $OUT/chapters.csv,
+# summarised at the end of the log: "HOST SLOW" names chapters not to commit; PACE_MAX, MON_CPU)
+# and, with TESTS, $OUT/gpu_tests.txt. The GPU's state before the run is logged,
 # to show that it was idle.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -31,15 +33,26 @@ pack() {  # after every chapter, so that a call cut short still brings back what
 # the chapters' process on four fixed cores: a host-bound loop (chapters 1-4) that migrates between
 # cores times bimodally (5 or 8 ms a step in one run of chapter 1); pinned, its IQR is a few percent
 PIN=${PIN:-8-11}
+# the host's pace on a core of its own while the chapters run (tools/pace_monitor.py): a chapter
+# whose median pace is over PACE_MAX ms ran on a slow host, and its timings are not to be committed
+MON_CPU=${MON_CPU:-15}; taskset -c "$MON_CPU" true 2>/dev/null || MON_CPU=$(nproc --all | awk '{print $1-1}')
+taskset -c "$MON_CPU" python3 tools/pace_monitor.py run "$OUT/pace_log.csv" &
+MON=$!
+echo "chapter,start_s,end_s" > "$OUT/chapters.csv"
 T0=$(date +%s)
 done_chapters=()
 for ch in "$@"; do
+  t_ch=$(date +%s.%N)
   taskset -c "$PIN" python3 tools/run_notebooks.py --inplace --allow-errors --timeout 900 "notebooks/$ch.ipynb" 2>&1 \
     | tee -a "$OUT/book_log.txt"
+  echo "$ch,$t_ch,$(date +%s.%N)" >> "$OUT/chapters.csv"
   done_chapters+=("$ch")
   pack "${done_chapters[@]}"
 done
 echo "chapters took $(( $(date +%s) - T0 )) s" | tee -a "$OUT/book_log.txt"
+kill "$MON"; wait "$MON" 2>/dev/null
+python3 tools/pace_monitor.py summary "$OUT/pace_log.csv" "$OUT/chapters.csv" \
+  --max-ms "${PACE_MAX:-0.65}" 2>&1 | tee -a "$OUT/book_log.txt"
 # GPU tests after the chapters (never beside them), if TESTS is set and DEADLINE (s) leaves time
 if [ -n "${TESTS:-}" ] && [ $(( ${DEADLINE:-100000} - ($(date +%s) - T0) )) -gt 60 ]; then
   # shellcheck disable=SC2086
