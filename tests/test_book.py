@@ -129,6 +129,30 @@ def test_code_fits_the_page(path):
     assert not long, f"{len(long)} code lines over 88 characters, first: {long[0]}"
 
 
+# Printed lines over 88 characters scroll sideways on the page. Known ones, each with its reason; the
+# test fails on a new one, and on a listed cell that no longer prints one (then drop it from here).
+WIDE_OUTPUTS = {
+    ("06_hidden_sync", "ch06-08"): "transformers' own source, printed as it is",
+    # print code already narrowed once, put back with a slow device host's run (2026-12-02,
+    # results/h200/pace/noisy_host): narrowed again with the chapter's next canonical run
+    ("00_setup", "ch0-14"): "generated text, one line per row", ("00_setup", "ch0-39"): "same",
+    ("01_naive", "ch1-07"): "two results on one line", ("01_naive", "ch1-27"): "same",
+    ("06_hidden_sync", "ch06-12"): "same", ("07_interleaved", "ch07-12"): "same",
+    ("07_interleaved", "dd66eef4"): "same", ("08_results", "ch08-32"): "same",
+    ("08_results", "ch08-06"): "bench.ladder's progress line lists the methods",
+}
+
+
+@pytest.mark.parametrize("path", current(NOTEBOOKS))
+def test_printed_output_fits_the_page(path):
+    wide = {c.get("id") for c in cells(path) for o in c.get("outputs", [])
+            if o["output_type"] == "stream"
+            and any(len(line) > 88 for line in "".join(o["text"]).splitlines())}
+    listed = {cid for stem, cid in WIDE_OUTPUTS if stem == path.stem}
+    assert not wide - listed, f"cells printing lines over 88 characters: {sorted(wide - listed)}"
+    assert not listed - wide, f"no longer wide, drop from WIDE_OUTPUTS: {sorted(listed - wide)}"
+
+
 def test_the_install_cell_opens_every_chapter():
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     for path in [p for p in NOTEBOOKS if p.stem not in PENDING]:
