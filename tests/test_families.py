@@ -1,5 +1,7 @@
 """Every decoder on other decoder-only families (issue 15), with tiny random configs on the CPU: Llama,
-Qwen2, Mistral (grouped-query and multi-query attention), GPT-NeoX and OPT. Each must give
+Qwen2, Mistral (grouped-query and multi-query attention), Qwen3 (query and key norms), Phi-3 (fused
+projections), Gemma 2 (sliding-window layers shorter than the sequence, softcapped logits), GPT-NeoX
+and OPT. Each must give
 `model.generate`'s greedy tokens with mixed-length left padding and rows that stop apart, with one EOS
 id or a list of them; sampling with a seed is equal across decoders. Models the decoders cannot run
 get a ValueError naming the model type."""
@@ -19,6 +21,11 @@ FAMILIES = {
     "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(num_key_value_heads=2, **COMMON)),
     "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(num_key_value_heads=1,
                                                             sliding_window=None, **COMMON)),
+    "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(num_key_value_heads=2, head_dim=16, **COMMON)),
+    "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(  # one qkv and one gate_up projection
+        num_key_value_heads=2, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=1, **COMMON)),
+    "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(  # every other layer's window: 8 of 19
+        num_key_value_heads=2, head_dim=16, sliding_window=8, **COMMON)),  # positions; softcapping
     "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**COMMON)),
     "opt": lambda: T.OPTForCausalLM(T.OPTConfig(
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
@@ -44,8 +51,9 @@ def family(request):
     torch.manual_seed(0)
     model = FAMILIES[request.param]().eval()
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = PAD, EOS
-    with torch.no_grad():  # sharper logits than random init: fewer near-ties (OPT's tied head:
-        model.get_output_embeddings().weight.mul_(1 if request.param == "opt" else 20)  # as is)
+    with torch.no_grad():  # sharper logits than random init: fewer near-ties (OPT's and Gemma 2's
+        sharpen = 1 if request.param in ("opt", "gemma2") else 20  # tied heads: as they are)
+        model.get_output_embeddings().weight.mul_(sharpen)
     ids, mask = fg.make_batch(4, 7, vocab_size=VOCAB, seed=1, pad_token_id=PAD)
     for bias in (0.5, 2.0, 4.0, 6.0, 8.0, 10.0, 14.0):
         fg.set_eos_bias(model, bias, eos_token_id=EOS)
