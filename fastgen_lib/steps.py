@@ -271,9 +271,12 @@ def decode_attention(model, choice):
     public `set_attn_implementation`, and its own again after (not thread-safe: one model, one
     decode at a time). GraphStep uses it while it compiles and captures (and, off CUDA, on every
     step); the eager steps and `model.generate` keep the model's own. A model on eager or flash
-    attention keeps it. `one_query` is registered with transformers here, on first use."""
+    attention keeps it, as does one whose attention transformers cannot switch (no
+    AttentionInterface: Falcon, Bloom, GPT-J, CodeGen). `one_query` is registered with
+    transformers here, on first use."""
     saved = model.config._attn_implementation
-    if saved not in ("sdpa", ATTENTION["one_query"]):
+    switchable = getattr(model, "_can_set_attn_implementation", lambda: True)()
+    if saved not in ("sdpa", ATTENTION["one_query"]) or not switchable:
         yield
         return
     if ATTENTION["one_query"] not in ALL_ATTENTION_FUNCTIONS.valid_keys():
@@ -341,7 +344,13 @@ class GraphStep:
             kept[key] = cls(model, B, L, gen)
         kept.move_to_end(key)
         step = kept[key]
-        step.warm_up(slots)
+        try:
+            step.warm_up(slots)
+        except torch._dynamo.exc.BackendCompilerFailed as e:  # e.g. GPT-J's attention
+            kind = getattr(model.config, "model_type", type(model).__name__)
+            why = (str(e).splitlines()[1:2] or [str(e)])[0][:160]
+            raise ValueError(f"{kind}: torch.compile cannot compile its decode step ({why}); "
+                             "the eager decoders (naive, kv_cache, static_cache) run it") from e
         step.prefill(input_ids, attention_mask, gen)
         return step
 

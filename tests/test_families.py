@@ -1,7 +1,7 @@
 """Every decoder on other decoder-only families (issue 15), with tiny random configs on the CPU: Llama,
 Qwen2, Mistral (grouped-query and multi-query attention), Qwen3 (query and key norms), Phi-3 (fused
-projections), Gemma 2 (sliding-window layers shorter than the sequence, softcapped logits), GPT-NeoX
-and OPT. Each must give
+projections), Gemma 2 (sliding-window layers shorter than the sequence, softcapped logits), Bloom
+(ALiBi, an attention transformers cannot switch), GPT-NeoX and OPT. Each must give
 `model.generate`'s greedy tokens with mixed-length left padding and rows that stop apart, with one EOS
 id or a list of them; sampling with a seed is equal across decoders. Models the decoders cannot run
 get a ValueError naming the model type."""
@@ -26,6 +26,8 @@ FAMILIES = {
         num_key_value_heads=2, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=1, **COMMON)),
     "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(  # every other layer's window: 8 of 19
         num_key_value_heads=2, head_dim=16, sliding_window=8, **COMMON)),  # positions; softcapping
+    "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(  # ALiBi; attention that transformers
+        vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)),  # cannot switch (its own kept)
     "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**COMMON)),
     "opt": lambda: T.OPTForCausalLM(T.OPTConfig(
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
@@ -51,9 +53,9 @@ def family(request):
     torch.manual_seed(0)
     model = FAMILIES[request.param]().eval()
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = PAD, EOS
-    with torch.no_grad():  # sharper logits than random init: fewer near-ties (OPT's and Gemma 2's
-        sharpen = 1 if request.param in ("opt", "gemma2") else 20  # tied heads: as they are)
-        model.get_output_embeddings().weight.mul_(sharpen)
+    with torch.no_grad():  # sharper logits than random init: fewer near-ties (the tied heads of
+        # OPT, Gemma 2 and Bloom less: their embeddings scale too, and no EOS bias then tells rows apart)
+        model.get_output_embeddings().weight.mul_({"opt": 1, "gemma2": 1, "bloom": 3}.get(request.param, 20))
     ids, mask = fg.make_batch(4, 7, vocab_size=VOCAB, seed=1, pad_token_id=PAD)
     for bias in (0.5, 2.0, 4.0, 6.0, 8.0, 10.0, 14.0):
         fg.set_eos_bias(model, bias, eos_token_id=EOS)
@@ -108,6 +110,35 @@ def test_unsupported_models_are_refused_by_name(make, why):
     ids, mask = fg.make_batch(1, 4, vocab_size=VOCAB, pad_token_id=PAD)
     with pytest.raises(ValueError, match=why):
         fg.generate(model, ids, mask, decoder="naive", max_new_tokens=2, eos_token_id=EOS,
+                    pad_token_id=PAD)
+
+
+def test_a_model_whose_attention_cannot_switch_keeps_its_own():
+    # Bloom's attention is not transformers' AttentionInterface: decode_attention must not try
+    # (transformers would log a warning at every step) and the model runs its own attention
+    from fastgen_lib.steps import decode_attention
+    model = FAMILIES["bloom"]().eval()
+    saved = model.config._attn_implementation
+
+    def refuse(*_):
+        raise AssertionError("set_attn_implementation called on a model that cannot switch")
+    model.set_attn_implementation = refuse
+    with decode_attention(model, "one_query"):
+        assert model.config._attn_implementation == saved
+
+
+def test_a_step_torch_compile_cannot_compile_is_refused_by_name():
+    # GPT-J's attention fails inside inductor (torch 2.13, transformers 5.17): the graph decoders
+    # say so, naming the model type and the decoders that run it
+    model = T.GPTJForCausalLM(T.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4,
+                                           rotary_dim=8, n_positions=128, bos_token_id=1,
+                                           eos_token_id=EOS)).eval()
+    ids, mask = fg.make_batch(2, 5, vocab_size=VOCAB, seed=1, pad_token_id=PAD)
+    out = fg.generate(model, ids, mask, decoder="static_cache", max_new_tokens=3, eos_token_id=EOS,
+                      pad_token_id=PAD)
+    assert out.shape == (2, 8)
+    with pytest.raises(ValueError, match="gptj: torch.compile cannot compile .*naive, kv_cache"):
+        fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=3, eos_token_id=EOS,
                     pad_token_id=PAD)
 
 
