@@ -168,6 +168,9 @@ def test_between_steps_groups_kernels_by_graph_launch():
     assert s["steps"] == 2 and s["kernels_per_step"] == 8
     assert s["gap_between_steps_us_total"] == 65 - 15
     assert traces.gpu_gaps(iv)["idle_us"] > s["gap_between_steps_us_total"]  # bubbles inside steps count too
+    # two graphs in turn (interleaved's), of 10 and 8 kernels: a mean, not the median's 10
+    ev = [("kernel", f"k{i}", 100 * c + i * 2, 1, 7, c) for c in (1, 2, 3) for i in range(10 - 2 * (c == 2))]
+    assert traces.between_steps(traces.trace_intervals(_trace(ev)))["kernels_per_step"] == 28 / 3
 
 
 def test_trace_intervals_keeps_only_what_generate_launched():
