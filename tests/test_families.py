@@ -3,7 +3,7 @@ Qwen2, Mistral (grouped-query and multi-query attention), Qwen3 (query and key n
 projections), Gemma 2 (sliding-window layers shorter than the sequence, softcapped logits), Bloom
 (ALiBi, an attention transformers cannot switch), GPT-NeoX and OPT. Each must give
 `model.generate`'s greedy tokens with mixed-length left padding and rows that stop apart, with one EOS
-id or a list of them; sampling with a seed is equal across decoders. Models the decoders cannot run
+id (Llama, Mistral, ...) or a list of them (Qwen2, Qwen3, ...); sampling with a seed is equal across decoders. Models the decoders cannot run
 get a ValueError naming the model type."""
 import pytest
 import torch
@@ -68,11 +68,13 @@ def family(request):
 @pytest.mark.parametrize("decoder", FAMILY_DECODERS)
 def test_every_decoder_gives_generate_tokens(family, decoder):
     name, model, ids, mask, _ = family
-    for eos in (EOS, [EOS, 7]):  # one id, or a list: a row finishes on any of them
-        ref = hf_generate(model, ids, mask, N, eos, PAD, **HF_REFERENCE[decoder])
-        out = fg.generate(model, ids, mask, decoder=decoder, max_new_tokens=N, eos_token_id=eos,
-                          pad_token_id=PAD)
-        assert first_divergence(model, ids, mask, ref, out) is None, (name, decoder, eos)
+    # one EOS id, or a list (a row finishes on any of them), the families taking turns: each
+    # setting is one more compile of the graph decoders' step, about 20 s on two CPU cores
+    eos = [EOS, 7] if list(FAMILIES).index(name) % 2 else EOS
+    ref = hf_generate(model, ids, mask, N, eos, PAD, **HF_REFERENCE[decoder])
+    out = fg.generate(model, ids, mask, decoder=decoder, max_new_tokens=N, eos_token_id=eos,
+                      pad_token_id=PAD)
+    assert first_divergence(model, ids, mask, ref, out) is None, (name, decoder, eos)
 
 
 def test_sampling_is_the_same_on_every_decoder(family):
