@@ -3,8 +3,8 @@ Qwen2, Mistral (grouped-query and multi-query attention), Qwen3 (query and key n
 projections), Gemma 2 (sliding-window layers shorter than the sequence, softcapped logits), Bloom
 (ALiBi, an attention transformers cannot switch), GPT-NeoX and OPT. Each must give
 `model.generate`'s greedy tokens with mixed-length left padding and rows that stop apart, with one EOS
-id (Llama, Mistral, ...) or a list of them (Qwen2, Qwen3, ...); sampling with a seed is equal across decoders. Models the decoders cannot run
-get a ValueError naming the model type."""
+id (Llama, Mistral, ...) or a list of them (Qwen2, Qwen3, ...); sampling with a seed is equal across
+decoders. Models the decoders cannot run get a ValueError naming the model type."""
 import pytest
 import torch
 import transformers as T

@@ -49,7 +49,7 @@ for ch in "$@"; do
   echo "$ch,$t_ch,$(date +%s.%N)" >> "$OUT/chapters.csv"
   done_chapters+=("$ch")
   pack "${done_chapters[@]}"
-  # a slow host stays slow (results/h200/pace/noisy_host): stop rather than time more chapters on it
+  # a host slow in one chapter is slow again within seconds (results/h200/pace/noisy_host): stop
   if [ "${STOP_SLOW:-1}" = 1 ] && ! python3 tools/pace_monitor.py summary "$OUT/pace_log.csv" \
       "$OUT/chapters.csv" --max-ms "${PACE_MAX:-0.65}" > /dev/null 2>&1; then
     echo "HOST SLOW during $ch: the chapters after it are not run (STOP_SLOW=0 runs them)" \
