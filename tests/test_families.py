@@ -55,7 +55,8 @@ def family(request):
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = PAD, EOS
     with torch.no_grad():  # sharper logits than random init: fewer near-ties (the tied heads of
         # OPT, Gemma 2 and Bloom less: their embeddings scale too, and no EOS bias then tells rows apart)
-        model.get_output_embeddings().weight.mul_({"opt": 1, "gemma2": 1, "bloom": 3}.get(request.param, 20))
+        sharpen = {"opt": 1, "gemma2": 1, "bloom": 3}.get(request.param, 20)
+        model.get_output_embeddings().weight.mul_(sharpen)
     ids, mask = fg.make_batch(4, 7, vocab_size=VOCAB, seed=1, pad_token_id=PAD)
     for bias in (0.5, 2.0, 4.0, 6.0, 8.0, 10.0, 14.0):
         fg.set_eos_bias(model, bias, eos_token_id=EOS)
