@@ -75,13 +75,13 @@ def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
     `warmup` times (compile, capture, lazy init), then rounds run every call once, in
     turn (A B C A B C ...), so that a slow moment of the machine hits all methods alike.
     Each call is timed between two synchronizations, with the garbage collector off. The
-    host's pace is taken before and after each round: a round where the host ran over
-    `pace_slack` times slower than at its best in this process is left out, and rounds
-    go on until `repeats` ran at full pace (at most `max_rounds`, default 2 x repeats;
-    then the `repeats` best-paced). `pace_slack=None` keeps every round. Returns ({name:
-    [seconds]}, {name: last result}, {"rounds": rounds run, "full_pace": whether
-    `repeats` of them ran at full pace, "pace_ratio": the kept rounds' median pace over
-    the best})."""
+    host's pace is taken before each round and after each call: a round where the host
+    ran over `pace_slack` times slower than at its best in this process is left out, and
+    rounds go on until `repeats` ran at full pace (at most `max_rounds`, default 2 x
+    repeats; then the `repeats` best-paced). `pace_slack=None` keeps every round.
+    Returns ({name: [seconds]}, {name: last result}, {"rounds": rounds run, "full_pace":
+    whether `repeats` of them ran at full pace, "pace_ratio": the kept rounds' median
+    pace over the best})."""
     if pace_slack is not None and pace_slack < 1:
         raise ValueError(f"pace_slack={pace_slack}: a ratio to the best pace, "
                          ">= 1 (or None)")
@@ -114,7 +114,9 @@ def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
                 # host waits for the GPU here: the timer stops when the GPU has finished
                 sync()
                 t[name] = time.perf_counter() - t0
-            rounds.append((max(pace, host_pace()) if pace_slack else 0.0, t))
+                # after every call, not only the round: a host slow for seconds shows
+                pace = max(pace, host_pace()) if pace_slack else 0.0
+            rounds.append((pace, t))
     finally:
         if enabled:
             gc.enable()
