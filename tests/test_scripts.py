@@ -80,3 +80,16 @@ def test_pace_monitor_samples_until_stopped_and_flags_slow_chapters(tmp_path):
     assert ok.returncode == 0 and "host at pace" in ok.stdout, ok.stdout + ok.stderr
     slow = summary([("a", 0, 5), ("b", 10, 13), ("c", 20, 30)])
     assert slow.returncode == 1 and "HOST SLOW" in slow.stdout and "during: b, c" in slow.stdout
+
+
+def test_count_ops_finds_the_padding_mask_on_the_tiny_model(tmp_path):
+    # chapter 2's exercise 3 quotes this count (for GPT-2 124M): a padded batch dispatches more ops
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    out = tmp_path / "ops.csv"
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "count_ops.py"), str(out), "tiny"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import pandas as pd
+    df = pd.read_csv(out).set_index("batch")
+    assert list(df.padded_rows) == [0, 7, 27]
+    assert df.ops_per_step[8] == df.ops_per_step[32] > df.ops_per_step[1] > 0
