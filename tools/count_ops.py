@@ -1,8 +1,8 @@
 """Torch ops a `kv_cache` decode step dispatches from Python, at batch 1 (a prompt without padding)
 and at left-padded batches: the host's work per step, which sets an eager step's pace (chapter 2,
-exercise 3). Counted with the profiler on the CPU: the ops are the same on a GPU, where each one
-that computes is also a kernel launch. One call of 2 new tokens and one of 12; the difference over
-10 steps is a decode step's share.
+exercise 3). Counted with the profiler on the CPU; on a GPU each op that computes is also a
+kernel launch. One call of 2 new tokens and one of 12; the difference over 10 steps is a decode
+step's share.
 Usage: python tools/count_ops.py OUT_CSV [size]   (size: tiny or 124m; default 124m)"""
 import collections
 import sys
