@@ -1,6 +1,7 @@
 """The benchmark: our decoders beside `model.generate` (its default cache, and its static cache, which
 compiles itself on CUDA), in one process, on the same prompts, tokens checked. Book: chapter 8."""
 import itertools
+import textwrap
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -41,8 +42,9 @@ def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=LADDER, re
     ref = hf_generate(model, ids, mask, max_new_tokens, *stop_ids(model))
     calls = {m: method_call(model, ids, mask, m, max_new_tokens) for m in methods}
     if progress:
-        print(f"batch {batch}, {max_new_tokens} tokens: {', '.join(methods)}, {repeats} rounds",
-              flush=True)
+        print(f"batch {batch}, {max_new_tokens} tokens, {repeats} rounds:\n"
+              + textwrap.fill(", ".join(methods), 88, initial_indent="  ",
+                              subsequent_indent="  "), flush=True)
     rows, outs = measure.measure_calls(model, ids, calls, max_new_tokens, repeats)
     for row in rows:
         div = first_divergence(model, ids, mask, ref, outs[row["method"]])

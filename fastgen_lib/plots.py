@@ -37,6 +37,16 @@ def footer(fig, cond, extra=""):
     return fig
 
 
+def plain_log_labels(ax, xs):
+    """Log-log axes labelled in plain numbers: the measured lengths `xs` on x; on y 0.1, 1, 10 and,
+    on minor ticks, 2 and 5 times those, not powers of ten."""
+    ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v:g}" if round(v / 10 ** np.floor(np.log10(v))) in (2, 5) else ""))
+
+
 def scaling(df, x="new_tokens", y="median_s", by="method", cond=None, ax=None):
     """Time against length on log-log axes, one line per method, with the fitted exponent in the legend
     (fitted on the longer half of the lengths)."""
@@ -45,12 +55,13 @@ def scaling(df, x="new_tokens", y="median_s", by="method", cond=None, ax=None):
         g = g.sort_values(x)
         tail = g[g[x] >= g[x].median()]
         k = fit_exponent(tail[x], tail[y]) if len(tail) >= 2 else float("nan")
-        ax.loglog(g[x], g[y], "o-", color=COLORS.get(name), label=f"{name}: time ~ N^{k:.2f}")
+        ax.loglog(g[x], g[y], "o-", color=COLORS.get(name), label=f"{name}: time ~ $N^{{{k:.2f}}}$")
     xs = np.array(sorted(df[x].unique()), float)
     y0 = df[y].min()
     ax.loglog(xs, y0 * (xs / xs[0]) ** 2, ":", color="0.6", label="slope 2")
     ax.loglog(xs, y0 * (xs / xs[0]), "--", color="0.6", label="slope 1")
     ax.set(xlabel="new tokens N", ylabel="seconds per generate call", title="Time against length")
+    plain_log_labels(ax, xs)
     ax.legend(fontsize=8)
     footer(fig, cond if cond is not None else df, f"batch {df['batch'].iloc[0]}, prompt {df['prompt_len'].iloc[0]}")
     return fig
@@ -340,12 +351,7 @@ def loglog_growth(df, x, series, title, xlabel, ylabel, cond=None, extra="", slo
         y = d[spec if isinstance(spec, str) else spec[0]].to_numpy(float)
         for k, ls in zip(slopes, ["--", ":", "-."]):
             ax.plot(xs, y[-1] * (xs / xs[-1]) ** k, ls, color="0.55", lw=1, label=f"slope {k}")
-    ax.set_xticks(xs, [f"{v:g}" for v in xs])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    # plain numbers (0.1, 1, 10), and on minor ticks 2 and 5 times those, not powers of ten
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
-        lambda v, _: f"{v:g}" if round(v / 10 ** np.floor(np.log10(v))) in (2, 5) else ""))
+    plain_log_labels(ax, xs)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend(fontsize=8)
     footer(fig, cond if cond is not None else df, extra)

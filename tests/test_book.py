@@ -133,13 +133,6 @@ def test_code_fits_the_page(path):
 # test fails on a new one, and on a listed cell that no longer prints one (then drop it from here).
 WIDE_OUTPUTS = {
     ("06_hidden_sync", "ch06-08"): "transformers' own source, printed as it is",
-    # print code already narrowed once, put back with a slow device host's run (2026-12-02,
-    # results/h200/pace/noisy_host): narrowed again with the chapter's next canonical run (the
-    # edits wait in results/h200/pace/noisy_host/pending_rerun.patch)
-    ("01_naive", "ch1-07"): "two results on one line", ("01_naive", "ch1-27"): "same",
-    ("06_hidden_sync", "ch06-12"): "same", ("07_interleaved", "ch07-12"): "same",
-    ("07_interleaved", "dd66eef4"): "same", ("08_results", "ch08-32"): "same",
-    ("08_results", "ch08-06"): "bench.ladder's progress line lists the methods",
 }
 
 
