@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,3 +94,15 @@ def test_count_ops_finds_the_padding_mask_on_the_tiny_model(tmp_path):
     df = pd.read_csv(out).set_index("batch")
     assert list(df.padded_rows) == [0, 7, 27]
     assert df.ops_per_step[8] == df.ops_per_step[32] > df.ops_per_step[1] > 0
+
+
+def test_probe_b32_runs_fresh_processes_on_the_tiny_model(tmp_path):
+    """The plumbing of tools/probe_b32.py (a child process per run, its own inductor cache, the
+    CSVs); the configs it is for exist only on a GPU, where inductor writes Triton kernels."""
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "probe_b32.py"), str(tmp_path), "1",
+                        "tiny", "6"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = pd.read_csv(tmp_path / "processes.csv")
+    assert len(rows) == 1 and rows.b32_ms_per_step.iloc[0] > 0 and rows.b1_ms_per_step.iloc[0] > 0
+    assert list(pd.read_csv(tmp_path / "configs.csv").columns) == ["process", "kernel", "config"]

@@ -9,7 +9,7 @@ directory of its own (`TORCHINDUCTOR_CACHE_DIR`), in the ladder's order (batch 1
 and writes per process the decode ms per step at batch 32, its kernel time per step (one profiled
 call) and the config each kernel kept (the cache's `*.best_config` files):
 
-    python tools/probe_b32.py OUT [PROCESSES] [SIZE]      # SIZE: 124m (default) or tiny
+    python tools/probe_b32.py OUT [PROCESSES] [SIZE] [TOKENS]   # 4, 124m (or tiny), 100 new tokens
 
 OUT/processes.csv: process, device, ms_per_step (median, q1, q3), kernel_ms_per_step, host pace.
 OUT/configs.csv: process, kernel (file name), config (JSON). On a CPU inductor writes C++, no
@@ -24,7 +24,7 @@ import tempfile
 import pandas as pd
 
 
-def child(out, label, size):
+def child(out, label, size, tokens):
     import torch
 
     import fastgen_lib as fg
@@ -35,24 +35,25 @@ def child(out, label, size):
     row = {"process": label, "device": device}
     for batch in (1, 32):  # the ladder's order: the batch > 1 compile comes second
         ids, mask = fg.make_batch(batch, 16, seed=batch, device=device)
-        r = measure.measure(model, ids, mask, "compiled", 100, repeats=10)
+        r = measure.measure(model, ids, mask, "compiled", int(tokens), repeats=10)
         row[f"b{batch}_ms_per_step"] = r["ms_per_step"]
         row[f"b{batch}_q1"], row[f"b{batch}_q3"] = r["ms_per_step_q1"], r["ms_per_step_q3"]
     if device == "cuda":  # the last batch's kernel time, one profiled call after the timing
         row["b32_kernel_ms_per_step"] = traces.kernel_ms_per_step(
-            lambda: fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=100), 99)
+            lambda: fg.generate(model, ids, mask, decoder="compiled", max_new_tokens=int(tokens)),
+            int(tokens) - 1)
     row["host_pace_ms"] = 1e3 * measure.host_pace()
     with open(os.path.join(out, f"process_{label}.json"), "w") as f:
         json.dump(row, f)
 
 
-def main(out, processes=4, size="124m"):
+def main(out, processes=4, size="124m", tokens=100):
     os.makedirs(out, exist_ok=True)
     rows, configs = [], []
     for i in range(processes):
         cache = tempfile.mkdtemp(prefix=f"inductor_{i}_")
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-        subprocess.run([sys.executable, __file__, "child", out, str(i), size], env=env, check=True)
+        subprocess.run([sys.executable, __file__, "child", out, str(i), size, str(tokens)], env=env, check=True)
         with open(os.path.join(out, f"process_{i}.json")) as f:
             rows.append(json.load(f))
         for path in sorted(glob.glob(os.path.join(cache, "**", "*.best_config"), recursive=True)):
@@ -71,7 +72,7 @@ def main(out, processes=4, size="124m"):
 
 if __name__ == "__main__":
     if sys.argv[1] == "child":
-        child(*sys.argv[2:5])
+        child(*sys.argv[2:6])
     else:
-        main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4,
-             sys.argv[3] if len(sys.argv) > 3 else "124m")
+        args = sys.argv[1:] + [None] * 3
+        main(args[0], int(args[1] or 4), args[2] or "124m", int(args[3] or 100))
