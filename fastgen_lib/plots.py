@@ -105,24 +105,29 @@ def memory_timeline(timelines, cond=None, title="Allocated vs reserved over the 
 def gpu_timeline(traces, cond=None, window_us=None, title="GPU timeline (like an Nsight Systems row)"):
     """`traces`: {label: intervals DataFrame from `traces.profile_decode`}. One row per label and stream;
     a bar per kernel or copy; white space is the GPU idling. `window_us` zooms to the first microseconds.
-    The rows share one time axis, so equal widths are equal times."""
-    fig, axes = plt.subplots(len(traces), 1, figsize=(11, 1.3 + 1.0 * len(traces)), squeeze=False,
+    The rows share one time axis, so equal widths are equal times. Streams are named A, B, ... in the
+    order they first run work (CUDA's stream ids say nothing to a reader)."""
+    fig, axes = plt.subplots(len(traces), 1, figsize=(8, 1.6 + 1.2 * len(traces)), squeeze=False,
                              sharex=True)
     for ax, (label, iv) in zip(axes[:, 0], traces.items()):
         t0 = iv.start_us.min() if len(iv) else 0
-        streams = sorted(iv.stream.unique(), key=str)
+        streams = list(iv.groupby("stream").start_us.min().sort_values().index)
         for row, s in enumerate(streams):
             g = iv[iv.stream == s]
             colors = ["tab:orange" if c != "kernel" else "tab:green" for c in g.cat]
-            ax.broken_barh(list(zip(g.start_us - t0, g.end_us - g.start_us)), (row, 0.8), facecolors=colors)
-        ax.set_yticks([r + 0.4 for r in range(len(streams))], [f"stream {s}" for s in streams], fontsize=8)
-        ax.set_title(label, fontsize=9, loc="left")
+            edges = ["tab:orange" if c != "kernel" else "none" for c in g.cat]  # a 2 µs copy shows
+            ax.broken_barh(list(zip(g.start_us - t0, g.end_us - g.start_us)), (row, 0.8), facecolors=colors,
+                           edgecolors=edges, linewidth=0.8)
+        ax.set_yticks([r + 0.4 for r in range(len(streams))],
+                      [f"stream {chr(65 + r)}" for r in range(len(streams))], fontsize=9)
+        ax.invert_yaxis()  # stream A on top
+        ax.set_title(label, fontsize=10, loc="left")
         if window_us:
             ax.set_xlim(0, window_us)
     axes[-1, 0].set_xlabel("µs (green: kernels, orange: copies)")
     fig.suptitle(title)
-    footer(fig, cond or {})
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    footer(fig, cond or {}, "profiled with torch.profiler: its gaps run longer than unprofiled ones")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 

@@ -1,12 +1,13 @@
 """The measuring toolkit on the CPU: timing, rows, floor arithmetic, trace gaps on synthetic traces."""
 import time
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 import torch
 
 import fastgen_lib as fg
-from fastgen_lib import bench, measure, memory, traces
+from fastgen_lib import bench, measure, memory, plots, traces
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +162,21 @@ def test_gpu_gaps_on_a_synthetic_trace():
     g = traces.gpu_gaps(iv, steps=2)
     assert g["span_us"] == 100 and g["busy_us"] == 60 and g["idle_us"] == 40
     assert sorted(g["gaps_us"]) == [10, 30] and g["idle_per_step_us"] == 20 and g["busy_fraction"] == 0.6
+
+
+def test_gpu_timeline_names_streams_in_order_of_first_work():
+    # stream 69 runs first, then stream 7: rows "stream A" (69) and "stream B" (7), A on top
+    iv = traces.trace_intervals(_trace([("kernel", "a", 20, 10, 7, 1), ("kernel", "b", 0, 10, 69, 2),
+                                          ("gpu_memcpy", "c", 30, 2, 7, 3)]))
+    empty = iv.iloc[:0]
+    fig = plots.gpu_timeline({"two streams": iv, "nothing recorded": empty}, cond={"gpu": "test"})
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["stream A", "stream B"]
+    bars = {round(b.get_paths()[0].vertices[:, 1].min(), 1): b for b in ax.collections}
+    assert ax.yaxis_inverted() and len(bars) == 2  # row 0 (A) holds stream 69's kernel, at t = 0
+    assert bars[0.0].get_paths()[0].vertices[:, 0].min() == 0
+    assert "profiled" in fig.texts[-1].get_text()
+    plt.close(fig)
 
 
 def test_between_steps_groups_kernels_by_graph_launch():
