@@ -51,15 +51,17 @@ def main(out, processes=4, size="124m", tokens=100):
     os.makedirs(out, exist_ok=True)
     rows, configs = [], []
     for i in range(processes):
-        cache = tempfile.mkdtemp(prefix=f"inductor_{i}_")
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-        subprocess.run([sys.executable, __file__, "child", out, str(i), size, str(tokens)], env=env, check=True)
+        with tempfile.TemporaryDirectory(prefix=f"inductor_{i}_") as cache:  # read, then removed
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+            subprocess.run([sys.executable, __file__, "child", out, str(i), size, str(tokens)],
+                           env=env, check=True)
+            for path in sorted(glob.glob(os.path.join(cache, "**", "*.best_config"),
+                                         recursive=True)):
+                with open(path) as f:
+                    configs.append({"process": i, "kernel": os.path.basename(path),
+                                    "config": json.dumps(json.load(f), sort_keys=True)})
         with open(os.path.join(out, f"process_{i}.json")) as f:
             rows.append(json.load(f))
-        for path in sorted(glob.glob(os.path.join(cache, "**", "*.best_config"), recursive=True)):
-            with open(path) as f:
-                configs.append({"process": i, "kernel": os.path.basename(path),
-                                "config": json.dumps(json.load(f), sort_keys=True)})
         print(pd.DataFrame(rows[-1:]).round(3).to_string(index=False), flush=True)
     pd.DataFrame(rows).to_csv(os.path.join(out, "processes.csv"), index=False)
     cfg = pd.DataFrame(configs, columns=["process", "kernel", "config"])
