@@ -56,7 +56,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
                  stride_cb, stride_ch, stride_cs, stride_eb, stride_tb, stride_pb,
                  LN: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
                  QKV: tl.constexpr, EMBED: tl.constexpr, ARGMAX: tl.constexpr,
-                 SPLIT: tl.constexpr, K_CHUNK: tl.constexpr,
+                 SPLIT: tl.constexpr, K_CHUNK: tl.constexpr, ONE_TILE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT_F32: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     # x [B, K] @ W [K, N] (any strides: Conv1D's [in, out], or lm_head's [out, in] transposed).
@@ -90,8 +90,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
         k_ok = ks < K
         if BLOCK_M == 1:  # the next tile is read while this one is summed
             w = w_next
-            w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok,
-                                  stride_wk, stride_wn)
+            if not ONE_TILE:
+                w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok,
+                                      stride_wk, stride_wn)
         else:  # tl.dot's loop: Triton pipelines its reads (the first tile above is unused)
             w = _weight_tile(w_ptr, ks, cols, k_hi, col_ok, stride_wk, stride_wn)
         x_ok = row_ok[:, None] & k_ok[None, :]
@@ -111,13 +112,16 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             x = (xf * g[None, :]).to(w_ptr.dtype.element_ty)
         if BLOCK_M == 1:  # one row: a broadcast multiply, no padded dot, no reduction yet
             xk = tl.sum(x.to(tl.float32), axis=0)                        # [BLOCK_K]
-            acc1 += xk[:, None] * w.to(tl.float32)
+            if ONE_TILE:  # the chunk is this tile, read before the wait: summed at once
+                acc = tl.sum(xk[:, None] * w.to(tl.float32), axis=0)[None, :]
+            else:
+                acc1 += xk[:, None] * w.to(tl.float32)
         else:
             if DOT_F32:  # the CPU interpreter's dot multiplies bfloat16's raw bits: upcast
                 x = x.to(tl.float32)
                 w = w.to(tl.float32)
             acc = tl.dot(x, w, acc, input_precision=PRECISION)           # [BLOCK_M, BLOCK_N]
-    if BLOCK_M == 1:
+    if BLOCK_M == 1 and not ONE_TILE:
         acc = tl.sum(acc1, axis=0)[None, :]  # across threads, once
     if LN:
         sum1 = tl.sum(s1, axis=1)                                        # [BLOCK_M]
@@ -218,6 +222,12 @@ def gemv_tiles(B, K, N, device, block_n=None, block_k=None, programs_per_sm=None
     return block_m, block_n, block_k, triton.cdiv(K, k_chunk), k_chunk
 
 
+def layer_tiles(B, K, N, dtype):
+    """`gemv`'s tile arguments for the step's x [B, K] @ W [K, N] in `dtype` (`fused_forward`,
+    `Buffers`): {}, gemv's defaults."""
+    return {}
+
+
 def scratch_size(B, K, N, device, **tiles):
     """Floats of split-K scratch that `gemv` needs for x [B, K] @ W [K, N] (`tiles`: as
     `gemv_tiles`'): the partial sums and, per column tile, the partial LayerNorm sums."""
@@ -277,7 +287,8 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
         keys.stride(2) if qkv is not None else 0, wte.stride(0), tok.stride(0), pos.stride(0),
         LN=ln is not None, GELU=gelu, RESIDUAL=residual is not None, QKV=qkv is not None,
         EMBED=embed is not None, ARGMAX=argmax is not None,
-        SPLIT=split, K_CHUNK=k_chunk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=bm == 1 and k_chunk == bk,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         DOT_F32=INTERPRET and weight.dtype != torch.float32,
         PRECISION="tf32x3" if weight.dtype == torch.float32 and not INTERPRET else "ieee",
         PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
@@ -630,10 +641,12 @@ class Buffers:
         self.h, self.q, self.a = (torch.empty(batch, E, dtype=dt, device=dev) for _ in range(3))
         self.m = torch.empty(batch, 4 * E, dtype=dt, device=dev)
         self.logits = torch.empty(batch, V, dtype=torch.float32, device=dev)
-        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev)[1])  # lm_head's column tiles
+        lm = layer_tiles(batch, E, V, dt)
+        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev, block_n=lm.get("block_n"))[1])
         self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
         self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
-        need = max(scratch_size(batch, K, N, dev, dtype=dt)
+        need = max(scratch_size(batch, K, N, dev, dtype=dt, **{
+                       k: v for k, v in layer_tiles(batch, K, N, dt).items() if k != "num_warps"})
                    for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
         splits = attention_blocks(length)[1]
         need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2), H * batch * E)
@@ -654,11 +667,14 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
     tr = model.transformer
     h, q, a, m = buf.h, buf.q, buf.a, buf.m
     kw = dict(scratch=buf.scratch, pdl=pdl)
+
+    def tiles(w):  # the GEMV's tiles for h @ w
+        return layer_tiles(h.shape[0], *w.shape, w.dtype)
     embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, into h
     for block, layer, (ln_1, ln_2) in zip(tr.h, cache.layers, folds[0]):
         at, mlp = block.attn, block.mlp
         gemv(h, at.c_attn.weight, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
-             qkv=(layer.keys, layer.values, col), **kw)                 # q [B, E]
+             qkv=(layer.keys, layer.values, col), **kw, **tiles(at.c_attn.weight))  # q [B, E]
         embed = None
         if h.shape[0] == 1:  # one kernel: each head's output is a slice of c_proj's K
             attention_proj(q, layer.keys, layer.values, mask, col, at.c_proj.weight,
@@ -666,12 +682,15 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
         else:
             attention(q, layer.keys, layer.values, mask, col, out=a, early_kv=True,
                       **kw)
-            gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw)
-        gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw)
-        gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, **kw)
+            gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw,
+                 **tiles(at.c_proj.weight))
+        gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw,
+             **tiles(mlp.c_fc.weight))
+        gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, **kw,
+             **tiles(mlp.c_proj.weight))
     lm_head = model.lm_head.weight.t()                                  # [E, V] view
     return gemv(h, lm_head, folds[1][2], ln=folds[1], out=buf.logits,
-                argmax=(buf.top, buf.top_i), **kw)
+                argmax=(buf.top, buf.top_i), **kw, **tiles(lm_head))
 
 
 # --- the step backend on the seam (steps.GraphStep with this forward) ----------------------------------------

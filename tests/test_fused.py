@@ -52,22 +52,24 @@ def layer_norm(K, dtype):
     return ln
 
 
-# programs_per_sm: 0 never splits K; 64 splits it as far as blocks allow (the last program sums)
-SPLITS = [0, 64]
+# programs_per_sm 0 never splits K; 64 splits it as far as blocks allow (the last program sums);
+# block_k 4096: K is one tile, which a program reads whole (at batch 1: `ONE_TILE`)
+SPLITS = [dict(programs_per_sm=0), dict(programs_per_sm=64), dict(block_k=4096)]
+SPLIT_IDS = ["no_split", "split", "one_tile"]
 
 
-@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("split", SPLITS, ids=SPLIT_IDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,K,N", [(b, *TINY) for b in BATCHES] + [(1, *GPT2)])
 def test_gemv_layer_norm_folded(B, K, N, dtype, split):
     x, ln = rand(B, K, dtype=dtype, scale=3.0) + 1.5, layer_norm(K, dtype)
     W, b = linear(K, N, dtype)
     want = ln(x) @ W + b
-    got = fused.gemv(x, W, b, ln=fused.fold_layernorm(ln, W, b), programs_per_sm=split)
+    got = fused.gemv(x, W, b, ln=fused.fold_layernorm(ln, W, b), **split)
     close(got, want, dtype)
 
 
-@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("split", SPLITS, ids=SPLIT_IDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B", BATCHES)
 def test_gemv_layer_norm_gelu(B, dtype, split):
@@ -75,18 +77,18 @@ def test_gemv_layer_norm_gelu(B, dtype, split):
     x, ln = rand(B, K, dtype=dtype), layer_norm(K, dtype)
     W, b = linear(K, N, dtype)
     want = F.gelu(ln(x) @ W + b, approximate="tanh")
-    got = fused.gemv(x, W, b, ln=fused.fold_layernorm(ln, W, b), gelu=True, programs_per_sm=split)
+    got = fused.gemv(x, W, b, ln=fused.fold_layernorm(ln, W, b), gelu=True, **split)
     close(got, want, dtype)
 
 
-@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("split", SPLITS, ids=SPLIT_IDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,K,N", [(b, 256, 64) for b in BATCHES] + [(1, 3072, 768)])
 def test_gemv_bias_residual_in_place(B, K, N, dtype, split):
     x, r = rand(B, K, dtype=dtype), rand(B, N, dtype=dtype)
     W, b = linear(K, N, dtype)
     want = x @ W + b + r
-    got = fused.gemv(x, W, b, residual=r, out=r, programs_per_sm=split)  # h += ..., as the step
+    got = fused.gemv(x, W, b, residual=r, out=r, **split)  # h += ..., as the step
     assert got is r
     close(got, want, dtype)
 
@@ -402,13 +404,16 @@ def prefilled(model, B, T, L):
     return cache, logits.argmax(-1)[:, None], pos, mask
 
 
+@pytest.mark.parametrize("whole_k", [False, True])
 @pytest.mark.parametrize("B", BATCHES)
-def test_fused_forward_equals_steps_forward(tiny, B):
+def test_fused_forward_equals_steps_forward(tiny, B, whole_k, monkeypatch):
     # three decode steps on a prefilled cache: the same float32 logits [B, V] as the model's own step
     # (bfloat16: random-weight logits of order one, a few roundings apart), the same keys and values
     # written at the same column; the fused step leaves the cache's counters alone (`col` is its own)
     T, L, steps = 6, 12, 3
     logits_tol = dict(rtol=1e-4, atol=1e-4) if tiny.dtype == torch.float32 else dict(rtol=0, atol=3e-2)
+    if whole_k:  # every GEMV reads its whole K as one tile (`fused.layer_tiles`, as a probe patches it)
+        monkeypatch.setattr(fused, "layer_tiles", lambda B, K, N, dtype: dict(block_k=4096))
     cache, tok, pos, mask = prefilled(tiny, B, T, L)
     mine = copy.deepcopy(cache)
     folds, buf = fused.fold_layernorms(tiny), fused.Buffers(tiny, B, L)

@@ -115,3 +115,36 @@ def test_step_ab_compares_patched_steps_on_the_tiny_model():
     gen = GenConfig(4, (EOS,), EOS, False, 1.0, None, 0, None)
     tiled = with_tiles(16, 64)(model, 2, 20, gen)
     assert tiled.buf.scratch[0].numel() > fused.Buffers(model, 2, 20).scratch[0].numel()
+
+
+def test_probe_whole_k_step_reads_all_of_k_as_one_tile_on_the_tiny_model():
+    # tools/probe_whole_k.py's patched steps at batch 1: every GEMV but the lm_head reads its
+    # whole K as one tile (no split: split 1, ONE_TILE), with model.generate's tokens, and
+    # fused.layer_tiles put back after
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from probe_whole_k import NAMES, whole_k, with_tiles
+        from step_ab import compare_steps
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    saved_tiles, saved_gemv = fused.layer_tiles, fused.gemv
+    calls = []
+
+    def spy(x, weight, *args, **kw):
+        calls.append((tuple(weight.shape), kw.get("block_k"), kw.get("block_n")))
+        return saved_gemv(x, weight, *args, **kw)
+    fused.gemv = spy
+    try:
+        df = compare_steps({"default": fused.FusedStep, "a16w8_p16w8": with_tiles("a16w8_p16w8")},
+                           (torch.float32,), (1,), "tiles", same_as="default", N=4,
+                           size="tiny", device=DEVICE, repeats=1)
+    finally:
+        fused.gemv = saved_gemv
+    assert fused.layer_tiles is saved_tiles and "a16w8_p8w16" in NAMES
+    assert whole_k("a16w8_pd")(1, 3072, 768, torch.float32) == {}  # mlp.c_proj split
+    assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
+    whole = {shape for shape, k, n in calls if k == 4096 and n == 16}
+    assert whole == {(64, 192), (64, 256), (256, 64)}  # tiny's qkv, c_fc, mlp.c_proj
+    lm_head = [k for shape, k, n in calls if shape[1] > 1000]
+    assert lm_head and all(k is None for k in lm_head)  # the lm_head as it is
