@@ -14,7 +14,8 @@ embedding in front of itself). At batch 1 the attention and c_proj are one kerne
 
 The GEMV splits K over several programs when a matrix has too few column tiles to fill the GPU; the
 last program of a column tile to finish (an atomic counter) sums the partial sums, in a fixed order,
-and applies the epilogue. LayerNorm is folded into the GEMV: with mean mu, 1/std r, weight g, bias
+and applies the epilogue. At batch 1 a layer's GEMVs do not split K (`layer_tiles`): each program
+reads all of K for 8 or 16 columns, before its PDL wait, and sums it alone. LayerNorm is folded into the GEMV: with mean mu, 1/std r, weight g, bias
 beta, LN(x) @ W + b = r * (sum_k x_k g_k W_kn - mu * c_n) + d_n, where c = g @ W and
 d = beta @ W + b are computed once per model (`fold_layernorms`): no pass over x before the GEMV.
 Every kernel takes float32 or bfloat16 and accumulates in float32; at batch > 1, float32 dots run
@@ -223,9 +224,17 @@ def gemv_tiles(B, K, N, device, block_n=None, block_k=None, programs_per_sm=None
 
 
 def layer_tiles(B, K, N, dtype):
-    """`gemv`'s tile arguments for the step's x [B, K] @ W [K, N] in `dtype` (`fused_forward`,
-    `Buffers`): {}, gemv's defaults."""
-    return {}
+    """`gemv`'s tiles for a layer's x [B, K] @ W [K, N] in the step (`fused_forward`). At
+    batch 1 each program reads all of K as one tile, before its PDL wait: K is not split, so
+    after the wait there are no partial sums, no counter and no last program adding them
+    up. 16 columns a program (8 in float32 where K > 1024: the tile sits in registers), the
+    fastest measured on an H200 (results/h200/fused/whole_k/). At batch > 1: {}, gemv's."""
+    if B != 1:
+        return {}
+    f32 = dtype == torch.float32
+    if K <= 1024:
+        return dict(block_k=triton.next_power_of_2(K), block_n=16, num_warps=4 if f32 else 8)
+    return dict(block_k=triton.next_power_of_2(K), block_n=8 if f32 else 16, num_warps=16)
 
 
 def scratch_size(B, K, N, device, **tiles):
@@ -641,13 +650,16 @@ class Buffers:
         self.h, self.q, self.a = (torch.empty(batch, E, dtype=dt, device=dev) for _ in range(3))
         self.m = torch.empty(batch, 4 * E, dtype=dt, device=dev)
         self.logits = torch.empty(batch, V, dtype=torch.float32, device=dev)
-        lm = layer_tiles(batch, E, V, dt)
-        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev, block_n=lm.get("block_n"))[1])
+        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev)[1])  # lm_head's column tiles
         self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
         self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
-        need = max(scratch_size(batch, K, N, dev, dtype=dt, **{
-                       k: v for k, v in layer_tiles(batch, K, N, dt).items() if k != "num_warps"})
-                   for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
+
+        def split(K, N):  # floats of scratch for a layer's GEMV, with its tiles
+            t = layer_tiles(batch, K, N, dt)
+            return scratch_size(batch, K, N, dev, block_n=t.get("block_n"),
+                                block_k=t.get("block_k"), dtype=dt)
+        need = max(scratch_size(batch, E, V, dev, dtype=dt),              # the lm_head
+                   *(split(K, N) for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E))))
         splits = attention_blocks(length)[1]
         need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2), H * batch * E)
         self.scratch = (torch.empty(need, dtype=torch.float32, device=dev),
@@ -668,7 +680,7 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
     h, q, a, m = buf.h, buf.q, buf.a, buf.m
     kw = dict(scratch=buf.scratch, pdl=pdl)
 
-    def tiles(w):  # the GEMV's tiles for h @ w
+    def tiles(w):  # a layer GEMV's tiles for x @ w
         return layer_tiles(h.shape[0], *w.shape, w.dtype)
     embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, into h
     for block, layer, (ln_1, ln_2) in zip(tr.h, cache.layers, folds[0]):
@@ -690,7 +702,7 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
              **tiles(mlp.c_proj.weight))
     lm_head = model.lm_head.weight.t()                                  # [E, V] view
     return gemv(h, lm_head, folds[1][2], ln=folds[1], out=buf.logits,
-                argmax=(buf.top, buf.top_i), **kw, **tiles(lm_head))
+                argmax=(buf.top, buf.top_i), **kw)
 
 
 # --- the step backend on the seam (steps.GraphStep with this forward) ----------------------------------------

@@ -1,12 +1,13 @@
 """Issue 14: at batch 1, each GEMV of the fused step reading its whole K as one tile, before its
-PDL wait, against the library's split of K. A split GEMV leaves partial sums, counts itself in
+PDL wait, against a split of K (gemv's default tiles; the library's at batch 1 before
+`fused.layer_tiles`, which came from this probe). A split GEMV leaves partial sums, counts itself in
 with an atomic, and the last program of a column tile reads the partials back and adds them: two
 more round trips through L2 after the wait, ~1.5 us of the 2.5-2.7 us a kernel hands off in
 (results/h200/fused/chain/). A GEMV whose programs each read all of K (fewer columns each) has
 none of that: wait, read x, sum, write. Its weights, read before the wait, must fit in registers.
 
 `FusedStep` with `fused.layer_tiles` patched (batch 1 only: qkv, c_fc and mlp.c_proj; the lm_head
-and the attention as they are) against the library's tiles, under the interleaved driver, prompt
+and the attention as they are) against the library's tiles ("default") and the split ("split"), under the interleaved driver, prompt
 16 mixed, 100 new tokens: ms per step (`measure.measure_calls`, alternated, 10 rounds), tokens
 against model.generate and the default step.
 Usage: python tools/probe_whole_k.py OUT_DIR [NAME ...] (default: NAMES; see `whole_k`)"""
@@ -18,27 +19,25 @@ import torch
 from fastgen_lib import fused
 from step_ab import compare_steps, patched_step
 
-V_MIN = 10_000  # N of the lm_head: left as it is
-
-
 def whole_k(name):
     """layer_tiles for name "a{n}w{w}_p{n}w{w}": at batch 1, the GEMVs of K <= 1024 (a: qkv,
     c_fc) and of larger K (p: mlp.c_proj) read all of K as one tile, n columns a program,
-    w warps; "pd": mlp.c_proj split as the library does. The lm_head as it is."""
+    w warps; "pd": mlp.c_proj split (gemv's defaults); "split": every GEMV split. The lm_head
+    as it is (not a layer GEMV)."""
     groups = {}
-    for part in name.split("_"):
+    for part in name.split("_") if name != "split" else []:
         if part[1:] != "d":
             n, w = part[1:].split("w")
             groups[part[0]] = dict(block_k=4096, block_n=int(n), num_warps=int(w))
 
     def tiles(B, K, N, dtype):
-        if B != 1 or N >= V_MIN:
+        if B != 1:
             return {}
         return groups.get("a" if K <= 1024 else "p", {})
     return tiles
 
 
-NAMES = ["a16w8_pd", "a16w8_p16w16", "a16w8_p8w16", "a16w8_p8w8", "a8w4_p8w16", "a16w4_p8w16"]
+NAMES = ["split", "a16w8_pd", "a16w8_p16w16", "a16w8_p8w16", "a16w8_p8w8", "a8w4_p8w16", "a16w4_p8w16"]
 
 
 def with_tiles(name, step=fused.FusedStep):
