@@ -224,17 +224,19 @@ def gemv_tiles(B, K, N, device, block_n=None, block_k=None, programs_per_sm=None
 
 
 def layer_tiles(B, K, N, dtype):
-    """`gemv`'s tiles for a layer's x [B, K] @ W [K, N] in the step (`fused_forward`). At
-    batch 1 each program reads all of K as one tile, before its PDL wait: K is not split, so
-    after the wait there are no partial sums, no counter and no last program adding them
-    up. 16 columns a program (8 in float32 where K > 1024: the tile sits in registers), the
-    fastest measured on an H200 (results/h200/fused/whole_k/). At batch > 1: {}, gemv's."""
+    """`gemv`'s tiles for a layer's x [B, K] @ W [K, N] in the step (`fused_forward`).
+    At batch 1 each program reads all of K as one tile, before its PDL wait: K is not
+    split, so after the wait there are no partial sums, no counter and no last program
+    adding them up. 16 columns a program (8 in float32 where K > 1024: the tile sits in
+    registers), the fastest measured on an H200 (results/h200/fused/whole_k/). At
+    batch > 1: {}, gemv's own tiles."""
     if B != 1:
         return {}
     f32 = dtype == torch.float32
+    whole_k = triton.next_power_of_2(K)
     if K <= 1024:
-        return dict(block_k=triton.next_power_of_2(K), block_n=16, num_warps=4 if f32 else 8)
-    return dict(block_k=triton.next_power_of_2(K), block_n=8 if f32 else 16, num_warps=16)
+        return dict(block_k=whole_k, block_n=16, num_warps=4 if f32 else 8)
+    return dict(block_k=whole_k, block_n=8 if f32 else 16, num_warps=16)
 
 
 def scratch_size(B, K, N, device, **tiles):
@@ -686,7 +688,8 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
     for block, layer, (ln_1, ln_2) in zip(tr.h, cache.layers, folds[0]):
         at, mlp = block.attn, block.mlp
         gemv(h, at.c_attn.weight, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
-             qkv=(layer.keys, layer.values, col), **kw, **tiles(at.c_attn.weight))  # q [B, E]
+             qkv=(layer.keys, layer.values, col), **kw,
+             **tiles(at.c_attn.weight))                                   # q [B, E]
         embed = None
         if h.shape[0] == 1:  # one kernel: each head's output is a slice of c_proj's K
             attention_proj(q, layer.keys, layer.values, mask, col, at.c_proj.weight,

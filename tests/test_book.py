@@ -85,6 +85,9 @@ LESSONS = [
     ("09_fused", "attention and c_proj in one kernel make the batch-1 float32 step faster, same "
      "tokens", lambda r: r["ch9_joined_saved_b1_float32"] > 0.03
      and r["ch9_joined_same_tokens"] == 1),
+    ("09_fused", "at batch 1, GEMVs that read all of K as one tile make the step faster than the "
+     "split, in both dtypes", lambda r: r["ch9_whole_k_saved_float32"] > 0.05
+     and r["ch9_whole_k_saved_bfloat16"] > 0.05),
     ("09_fused", "a kernel's hand-off costs over 2 us with no bytes; a grid barrier under half",
      lambda r: r["ch9_handoff_us_pdl"] > 2 and r["ch9_barrier_us"] < r["ch9_handoff_us_pdl"] / 2),
     ("09_fused", "one persistent kernel is slower than the PDL chain; its phases alone take most of it",

@@ -18,7 +18,7 @@ from step_ab import bench_graph
 SHAPES = {"c_attn": (768, 2304), "attn.c_proj": (768, 768), "c_fc": (768, 3072),
           "mlp.c_proj": (3072, 768), "lm_head": (768, 50257)}
 GRID = list(itertools.product((32, 64, 128), (32, 64, 128), (2, 4, 8)))
-DEFAULTS = "defaults" in sys.argv[2:]  # only the default tiles (64 columns, default_tiles)
+DEFAULTS = "defaults" in sys.argv[2:]  # only the library's tiles (`fused.layer_tiles`, else gemv's)
 SHAPES = {n: s for n, s in SHAPES.items() if n in sys.argv[2:]} or SHAPES
 rows = []
 
@@ -39,14 +39,19 @@ for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16
     gb = K * N * w.element_size() / 1e3
     us = bench_graph(lambda i: torch.addmm(b, x, ws[i], out=out), CALLS)
     rows.append({**base, "kernel": "cublas", "us": us, "gb_s": gb / us})
-    for bn, bk, pps in [(64, *fused.default_tiles(B, dtype))] if DEFAULTS else GRID:
+    grid = [(bn, bk, pps, 4) for bn, bk, pps in GRID]
+    if DEFAULTS:  # the step's tiles: a layer's from layer_tiles, the lm_head's gemv's defaults
+        t = fused.layer_tiles(B, K, N, dtype) if name != "lm_head" else {}
+        bk, pps = fused.default_tiles(B, dtype)
+        grid = [(t.get("block_n", 64), t.get("block_k", bk), pps, t.get("num_warps", 4))]
+    for bn, bk, pps, warps in grid:
         need = fused.scratch_size(B, K, N, x.device, block_n=bn, block_k=bk, programs_per_sm=pps)
         scratch = (torch.empty(need, device="cuda"),
                    torch.zeros(fused.LOCKS, dtype=torch.int32, device="cuda"))
 
         def fn(i):
             return fused.gemv(x, ws[i], b, out=out, block_n=bn, block_k=bk, programs_per_sm=pps,
-                              scratch=scratch)
+                              scratch=scratch, num_warps=warps)
         try:
             us = bench_graph(fn, CALLS)
         except Exception as e:  # out of resources: skip that one
@@ -54,7 +59,7 @@ for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16
             continue
         split = fused.gemv_tiles(B, K, N, x.device, bn, bk, pps)[3]
         rows.append({**base, "kernel": "fused", "block_n": bn, "block_k": bk,
-                     "programs_per_sm": pps, "split": split, "us": us, "gb_s": gb / us})
+                     "programs_per_sm": pps, "num_warps": warps, "split": split, "us": us, "gb_s": gb / us})
     df = pd.DataFrame(rows)
     mine = df[(df.name == name) & (df.batch == B) & (df.dtype == base["dtype"])]
     print(mine.sort_values("us").head(2).to_string(index=False), flush=True)
