@@ -148,3 +148,36 @@ def test_probe_whole_k_step_reads_all_of_k_as_one_tile_on_the_tiny_model():
     assert whole == {(64, 192), (64, 256), (256, 64)}  # tiny's qkv, c_fc, mlp.c_proj
     lm_head = [k for shape, k, n in calls if shape[1] > 1000]
     assert lm_head and all(k is None for k in lm_head)  # the lm_head as it is
+
+
+def test_probe_attention_proj_steps_give_model_generate_tokens_on_the_tiny_model():
+    # tools/probe_attention_proj.py's steps at batch 1: the two-kernel forms (`separate`, and
+    # `separate_whole_k` with one attention program per row and head and an unsplit c_proj)
+    # in place of fused.attention_proj, with model.generate's tokens; the kernels they call
+    # are the ones named (spies), and attention_proj is put back after
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from probe_attention_proj import separate, separate_whole_k, with_attention_proj
+        from step_ab import compare_steps
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    saved = (fused.attention_proj, fused.attention)
+    blocks = []
+
+    def spy(*args, **kw):
+        blocks.append(kw.get("block_s", 32))
+        return saved[1](*args, **kw)
+    fused.attention = spy
+    try:
+        df = compare_steps({"default": fused.FusedStep,
+                            "separate": with_attention_proj("separate", separate),
+                            "separate_whole_k": with_attention_proj("separate_whole_k",
+                                                                    separate_whole_k)},
+                           (torch.float32,), (1,), "step", same_as="default", N=4,
+                           size="tiny", device=DEVICE, repeats=1)
+    finally:
+        fused.attention = saved[1]
+    assert (fused.attention_proj, fused.attention) == saved
+    assert set(blocks) == {32, 128}  # `separate`'s attention, then separate_whole_k's
+    assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
