@@ -2,7 +2,9 @@
 measured slower than the two GEMVs, results/h200/fused/mlp/). Its kernel against PyTorch, and a
 step built on it against model.generate, so that the measured variant is a correct one. Without
 CUDA the kernel runs under Triton's CPU interpreter (tests/conftest.py)."""
+import importlib
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,15 @@ probe_mlp = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe_mlp)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def tool(name):
+    """tools/NAME.py as a module (tools/ on the path while it imports, for its `step_ab`)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 # width, hidden size, block_j, group: 16 programs in one group; 64 in 16 groups; 20 in groups
 # of 8, 8, 4; on a GPU also GPT-2 124M's MLP (the interpreter pays per program)
@@ -83,13 +94,9 @@ def test_step_ab_compares_patched_steps_on_the_tiny_model():
     # patched steps: the library's step (early_kv=True) beside one with other GEMV tiles and
     # early_kv=False, the same tokens as each other and as model.generate, both attentions called,
     # the tiles in force (a larger scratch: more splits), and the library's defaults put back after
-    import sys
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from probe_early_kv import with_early_kv, with_tiles
-        from step_ab import compare_steps
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    early = tool("probe_early_kv")
+    with_early_kv, with_tiles = early.with_early_kv, early.with_tiles
+    compare_steps = tool("step_ab").compare_steps
     defaults = (fused.default_tiles, fused.attention)
     seen = set()  # the early_kv of every attention call: the library's step and the patched one
 
@@ -121,13 +128,8 @@ def test_probe_whole_k_step_reads_all_of_k_as_one_tile_on_the_tiny_model():
     # tools/probe_whole_k.py's patched steps at batch 1: every GEMV but the lm_head reads its
     # whole K as one tile (no split: split 1, ONE_TILE), with model.generate's tokens, and
     # fused.layer_tiles put back after
-    import sys
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from probe_whole_k import NAMES, whole_k, with_tiles
-        from step_ab import compare_steps
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    probe, compare_steps = tool("probe_whole_k"), tool("step_ab").compare_steps
+    NAMES, whole_k, with_tiles = probe.NAMES, probe.whole_k, probe.with_tiles
     saved_tiles, saved_gemv = fused.layer_tiles, fused.gemv
     calls = []
 
@@ -155,13 +157,9 @@ def test_probe_attention_proj_steps_give_model_generate_tokens_on_the_tiny_model
     # `separate_whole_k` with one attention program per row and head and an unsplit c_proj)
     # in place of fused.attention_proj, with model.generate's tokens; the kernels they call
     # are the ones named (spies), and attention_proj is put back after
-    import sys
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from probe_attention_proj import separate, separate_whole_k, with_attention_proj
-        from step_ab import compare_steps
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    probe, compare_steps = tool("probe_attention_proj"), tool("step_ab").compare_steps
+    separate, separate_whole_k = probe.separate, probe.separate_whole_k
+    with_attention_proj = probe.with_attention_proj
     saved = (fused.attention_proj, fused.attention)
     blocks = []
 
