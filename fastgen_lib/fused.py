@@ -228,15 +228,17 @@ def layer_tiles(B, K, N, dtype):
     At batch 1 each program reads all of K as one tile, before its PDL wait: K is not
     split, so after the wait there are no partial sums, no counter and no last program
     adding them up. 16 columns a program (8 in float32 where K > 1024: the tile sits in
-    registers), the fastest measured on an H200 (results/h200/fused/whole_k/). At
-    batch > 1: {}, gemv's own tiles."""
-    if B != 1:
-        return {}
+    registers), the fastest measured on an H200 (results/h200/fused/whole_k/). A tile
+    over 128 KB (K padded to a power of two; larger models than GPT-2 124M and 355M)
+    and batch > 1: {}, gemv's own tiles, split."""
     f32 = dtype == torch.float32
     whole_k = triton.next_power_of_2(K)
     if K <= 1024:
-        return dict(block_k=whole_k, block_n=16, num_warps=4 if f32 else 8)
-    return dict(block_k=whole_k, block_n=8 if f32 else 16, num_warps=16)
+        tiles = dict(block_k=whole_k, block_n=16, num_warps=4 if f32 else 8)
+    else:
+        tiles = dict(block_k=whole_k, block_n=8 if f32 else 16, num_warps=16)
+    tile_bytes = whole_k * tiles["block_n"] * (4 if f32 else 2)
+    return tiles if B == 1 and tile_bytes <= 128 * 1024 else {}
 
 
 def scratch_size(B, K, N, device, **tiles):

@@ -545,3 +545,18 @@ def test_fused_step_at_batch_1_joins_attention_and_c_proj(monkeypatch):
     out = decoders.decode(model, ids, mask, gen, fused.FusedStep, stops.interleaved)
     assert out.shape == (1, 8 + N) and torch.equal(out, ref), (out, ref)
     assert calls["attention"] == 0 and calls["attention_proj"] > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_tiles_whole_k_at_batch_1_only_where_the_tile_fits(dtype):
+    # GPT-2 124M's layer GEMVs at batch 1: all of K one tile (no split), 16 columns (8 for
+    # mlp.c_proj in float32); batch 32, and a larger model's mlp.c_proj (K = 5120: a tile of
+    # 8192 padded rows, over 128 KB), keep gemv's split
+    f32 = dtype == torch.float32
+    for K, N in [(768, 2304), (768, 768), (768, 3072), (3072, 768)]:
+        tiles = fused.layer_tiles(1, K, N, dtype)
+        assert tiles["block_k"] >= K and tiles["block_n"] == (8 if f32 and K > 1024 else 16)
+        assert fused.gemv_tiles(1, K, N, torch.device(DEVICE), block_n=tiles["block_n"],
+                                block_k=tiles["block_k"], dtype=dtype)[3] == 1  # split 1
+        assert fused.layer_tiles(32, K, N, dtype) == {}
+    assert fused.layer_tiles(1, 5120, 1280, dtype) == {}
