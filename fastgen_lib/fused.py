@@ -646,7 +646,7 @@ class Buffers:
     """What a fused step writes besides the cache, made once per (model, batch, cache length): the
     residual stream h [B, E], q and the attention output [B, E], the MLP's hidden [B, 4E], the
     logits [B, V] float32 and their per-tile maxima, and the scratch of the split kernels (partial
-    sums, counters)."""
+    sums, counters), large enough for gemv's own split tiles too (the probes run them)."""
 
     def __init__(self, model, batch, length):
         E, V, H = model.config.n_embd, model.config.vocab_size, model.config.n_head
@@ -658,12 +658,12 @@ class Buffers:
         self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
         self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
 
-        def split(K, N):  # floats of scratch for a layer's GEMV, with its tiles
+        def split(K, N):  # floats of scratch for x @ W [K, N] with its layer tiles or gemv's
             t = layer_tiles(batch, K, N, dt)
-            return scratch_size(batch, K, N, dev, block_n=t.get("block_n"),
-                                block_k=t.get("block_k"), dtype=dt)
-        need = max(scratch_size(batch, E, V, dev, dtype=dt),              # the lm_head
-                   *(split(K, N) for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E))))
+            return max(scratch_size(batch, K, N, dev, dtype=dt),
+                       scratch_size(batch, K, N, dev, block_n=t.get("block_n"),
+                                    block_k=t.get("block_k"), dtype=dt))
+        need = max(split(K, N) for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
         splits = attention_blocks(length)[1]
         need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2), H * batch * E)
         self.scratch = (torch.empty(need, dtype=torch.float32, device=dev),
