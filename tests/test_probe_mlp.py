@@ -23,6 +23,11 @@ probe_mlp = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe_mlp)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
+# width, hidden size, block_j, group: 16 programs in one group; 64 in 16 groups; 20 in groups
+# of 8, 8, 4; on a GPU also GPT-2 124M's MLP (the interpreter pays per program)
+SPLITS = [(64, 256, 16, 16), (64, 256, 4, 4), (64, 320, 16, 8)]
+SPLITS += [(768, 3072, 16, 16)] if DEVICE == "cuda" else []
 
 
 def tool(name):
@@ -32,11 +37,6 @@ def tool(name):
         return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "tools"))
-TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
-# width, hidden size, block_j, group: 16 programs in one group; 64 in 16 groups; 20 in groups
-# of 8, 8, 4; on a GPU also GPT-2 124M's MLP (the interpreter pays per program)
-SPLITS = [(64, 256, 16, 16), (64, 256, 4, 4), (64, 320, 16, 8)]
-SPLITS += [(768, 3072, 16, 16)] if DEVICE == "cuda" else []
 
 
 def rand(*shape, dtype, scale=1.0):

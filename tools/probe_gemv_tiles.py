@@ -12,7 +12,7 @@ import sys
 import torch
 
 from fastgen_lib import fused
-from step_ab import compare_steps, patched_step
+from step_ab import compare_steps, with_attr
 
 TILES = [(128, 4), (128, 8), (32, 4)]  # (block_k, programs_per_sm), each beside the default
 
@@ -20,15 +20,8 @@ TILES = [(128, 4), (128, 8), (32, 4)]  # (block_k, programs_per_sm), each beside
 def with_tiles(block_k, programs_per_sm, step=fused.FusedStep):
     """`step` with these GEMV tiles (in place of `fused.default_tiles`) while it builds its
     buffers and captures its graphs."""
-    def patch():
-        saved = fused.default_tiles
-        fused.default_tiles = lambda B, dtype: (block_k, programs_per_sm)
-
-        def undo():
-            fused.default_tiles = saved
-        return undo
-
-    return patched_step(step, patch, f"k{block_k}_p{programs_per_sm}")
+    return with_attr(step, f"k{block_k}_p{programs_per_sm}", fused, "default_tiles",
+                     lambda B, dtype: (block_k, programs_per_sm))
 
 
 def main(out, tiles=TILES):

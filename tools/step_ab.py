@@ -85,3 +85,13 @@ def patched_step(step, patch, name):
 
     Patched.__name__ = name
     return Patched
+
+
+def with_attr(step, name, module, attr, value):
+    """`patched_step(step, ..., name)` whose patch sets `module.attr` to `value` (a tile
+    choice, say) and puts the old one back."""
+    def patch():
+        saved = getattr(module, attr)
+        setattr(module, attr, value)
+        return lambda: setattr(module, attr, saved)
+    return patched_step(step, patch, name)

@@ -59,7 +59,8 @@ for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16
             continue
         split = fused.gemv_tiles(B, K, N, x.device, bn, bk, pps)[3]
         rows.append({**base, "kernel": "fused", "block_n": bn, "block_k": bk,
-                     "programs_per_sm": pps, "num_warps": warps, "split": split, "us": us, "gb_s": gb / us})
+                     "programs_per_sm": pps, "num_warps": warps, "split": split, "us": us,
+                     "gb_s": gb / us})
     df = pd.DataFrame(rows)
     mine = df[(df.name == name) & (df.batch == B) & (df.dtype == base["dtype"])]
     print(mine.sort_values("us").head(2).to_string(index=False), flush=True)
