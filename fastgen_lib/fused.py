@@ -205,12 +205,13 @@ def default_tiles(B, dtype):
 
 
 def gemv_tiles(B, K, N, device, block_n=None, block_k=None, programs_per_sm=None,
-               dtype=torch.float32):
+               dtype=torch.float32, split=None):
     """(block_m, block_n, block_k, split, k_chunk) for x [B, K] @ W [K, N] (W in `dtype`): one row
     per program at batch 1, else a padded tl.dot (16 or 32 rows); K split into `split` chunks of
     `k_chunk` rows (a multiple of block_k) until there are about `programs_per_sm` programs per SM
-    (block_k and programs_per_sm default to `default_tiles`). block_n defaults to 64 columns
-    (under the CPU interpreter, which pays per program: at most ~4 tiles)."""
+    (block_k and programs_per_sm default to `default_tiles`), or into `split` chunks if given.
+    block_n defaults to 64 columns (under the CPU interpreter, which pays per program: at most
+    ~4 tiles)."""
     if block_n is None:
         block_n = max(64, triton.next_power_of_2(triton.cdiv(N, 4))) if INTERPRET else 64
     dk, dp = default_tiles(B, dtype)
@@ -219,7 +220,9 @@ def gemv_tiles(B, K, N, device, block_n=None, block_k=None, programs_per_sm=None
     block_m = 1 if B == 1 else 16 if B <= 16 else 32
     block_k = min(block_k, triton.next_power_of_2(K))
     tiles = triton.cdiv(N, block_n) * triton.cdiv(B, block_m)
-    split = min(triton.cdiv(programs_per_sm * sm_count(device), tiles), triton.cdiv(K, block_k))
+    if split is None:
+        split = min(triton.cdiv(programs_per_sm * sm_count(device), tiles),
+                    triton.cdiv(K, block_k))
     k_chunk = triton.cdiv(triton.cdiv(K, max(split, 1)), block_k) * block_k
     return block_m, block_n, block_k, triton.cdiv(K, k_chunk), k_chunk
 
@@ -251,7 +254,7 @@ def scratch_size(B, K, N, device, **tiles):
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
          argmax=None, out=None, scratch=None, block_n=None, block_k=None,
-         programs_per_sm=None, num_warps=4, pdl=False):
+         programs_per_sm=None, split=None, num_warps=4, pdl=False):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
     ln=(g, c, d, eps): x is LayerNorm'd first (weight g [K]), folded in: c = g @ weight and
@@ -263,13 +266,14 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     column tile and its first column. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
     [LOCKS], buffers for the split, made per call when None. pdl=True: launched as a programmatic
     dependent launch (`supports_pdl`): the kernel reads its first weight tile while the kernel
-    ahead of it in the stream finishes."""
+    ahead of it in the stream finishes. block_n, block_k, programs_per_sm, split: the tiles
+    (`gemv_tiles`), num_warps: per program."""
     B, K = x.shape
     K2, N = weight.shape
     assert K == K2 and bias.shape == (N,), (x.shape, weight.shape, bias.shape)
     assert x.stride(-1) == 1 and bias.is_contiguous()
     tiles = dict(block_n=block_n, block_k=block_k, programs_per_sm=programs_per_sm,
-                 dtype=weight.dtype)
+                 dtype=weight.dtype, split=split)
     bm, bn, bk, split, k_chunk = gemv_tiles(B, K, N, x.device, **tiles)
     n_out = N // 3 if qkv is not None else N
     y = out if out is not None else torch.empty(B, n_out, dtype=x.dtype, device=x.device)
@@ -661,9 +665,9 @@ class Buffers:
 
         def split(K, N):  # floats of scratch for x @ W [K, N] with its layer tiles or gemv's
             t = layer_tiles(batch, K, N, dt)
+            t = {k: v for k, v in t.items() if k != "num_warps"}
             return max(scratch_size(batch, K, N, dev, dtype=dt),
-                       scratch_size(batch, K, N, dev, block_n=t.get("block_n"),
-                                    block_k=t.get("block_k"), dtype=dt))
+                       scratch_size(batch, K, N, dev, dtype=dt, **t))
         need = max(split(K, N) for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
         splits = attention_blocks(length)[1]
         need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2), H * batch * E)

@@ -179,3 +179,37 @@ def test_probe_attention_proj_steps_give_model_generate_tokens_on_the_tiny_model
     assert (fused.attention_proj, fused.attention) == saved
     assert set(blocks) == {32, 128}  # `separate`'s attention, then separate_whole_k's
     assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
+
+
+def test_probe_b32_tiles_patches_its_choice_at_its_batch_only(monkeypatch):
+    # tools/probe_b32_tiles.py: each shape's fastest tiles (or fastest unsplit) from a sweep's
+    # rows, patched into fused.layer_tiles at the probe's batch only; a step with them (the
+    # batch set to 2, tiny's shapes) has model.generate's tokens, the chosen split in force
+    import pandas as pd
+    probe, compare_steps = tool("probe_b32_tiles"), tool("step_ab").compare_steps
+    rows = pd.DataFrame([
+        dict(name="a", K=64, N=192, block_n="default", block_k=None, split=3, num_warps=None,
+             us=1.0),
+        dict(name="a", K=64, N=192, block_n=16, block_k=32, split=2, num_warps=4, us=2.0),
+        dict(name="a", K=64, N=192, block_n=32, block_k=32, split=1, num_warps=8, us=3.0),
+        dict(name="p", K=256, N=64, block_n=16, block_k=32, split=1, num_warps=4, us=1.0)])
+    best, unsplit = probe.fastest(rows), probe.fastest(rows, unsplit=True)
+    assert best[(64, 192)] == dict(block_n=16, block_k=32, split=2, num_warps=4)
+    assert unsplit[(64, 192)]["split"] == 1 and unsplit[(256, 64)] == best[(256, 64)]
+    monkeypatch.setattr(probe, "B", 2)
+    tiles = probe.patched(best)
+    assert tiles(2, 64, 192, torch.float32)["split"] == 2
+    assert tiles(1, 64, 192, torch.float32) == fused.layer_tiles(1, 64, 192, torch.float32)
+    saved_tiles, saved_gemv = fused.layer_tiles, fused.gemv
+    splits = []
+
+    def spy(x, weight, *args, **kw):
+        splits.append((tuple(weight.shape), kw.get("split")))
+        return saved_gemv(x, weight, *args, **kw)
+    monkeypatch.setattr(fused, "gemv", spy)
+    step = tool("step_ab").with_attr(fused.FusedStep, "best", fused, "layer_tiles", tiles)
+    df = compare_steps({"default": fused.FusedStep, "best": step}, (torch.float32,), (2,),
+                       "tiles", same_as="default", N=4, size="tiny", device=DEVICE, repeats=1)
+    assert fused.layer_tiles is saved_tiles
+    assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
+    assert ((64, 192), 2) in splits and ((256, 64), 1) in splits
