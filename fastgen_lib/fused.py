@@ -59,6 +59,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
                  LN: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
                  QKV: tl.constexpr, EMBED: tl.constexpr, ARGMAX: tl.constexpr,
                  SPLIT: tl.constexpr, K_CHUNK: tl.constexpr, ONE_TILE: tl.constexpr,
+                 EARLY_W: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT_F32: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     # x [B, K] @ W [K, N] (any strides: Conv1D's [in, out], or lm_head's [out, in] transposed).
@@ -90,7 +91,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)                                  # [BLOCK_K]
         k_ok = ks < K
-        if BLOCK_M == 1:  # the next tile is read while this one is summed
+        if BLOCK_M == 1 or EARLY_W:  # the next tile is read while this one is summed
             w = w_next
             if not ONE_TILE:
                 w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok,
@@ -254,7 +255,7 @@ def scratch_size(B, K, N, device, **tiles):
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
          argmax=None, out=None, scratch=None, block_n=None, block_k=None,
-         programs_per_sm=None, split=None, num_warps=4, pdl=False):
+         programs_per_sm=None, split=None, num_warps=4, early_w=False, pdl=False):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
     ln=(g, c, d, eps): x is LayerNorm'd first (weight g [K]), folded in: c = g @ weight and
@@ -266,8 +267,10 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     column tile and its first column. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
     [LOCKS], buffers for the split, made per call when None. pdl=True: launched as a programmatic
     dependent launch (`supports_pdl`): the kernel reads its first weight tile while the kernel
-    ahead of it in the stream finishes. block_n, block_k, programs_per_sm, split: the tiles
-    (`gemv_tiles`), num_warps: per program."""
+    ahead of it in the stream finishes: at batch 1 always, at batch > 1 with early_w=True
+    (then each next tile is read while one is summed, not by tl.dot's own pipeline).
+    block_n, block_k, programs_per_sm, split: the tiles (`gemv_tiles`), num_warps: per
+    program."""
     B, K = x.shape
     K2, N = weight.shape
     assert K == K2 and bias.shape == (N,), (x.shape, weight.shape, bias.shape)
@@ -305,7 +308,8 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
         keys.stride(2) if qkv is not None else 0, wte.stride(0), tok.stride(0), pos.stride(0),
         LN=ln is not None, GELU=gelu, RESIDUAL=residual is not None, QKV=qkv is not None,
         EMBED=embed is not None, ARGMAX=argmax is not None,
-        SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=bm == 1 and k_chunk == bk,
+        SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=(bm == 1 or early_w) and k_chunk == bk,
+        EARLY_W=early_w and bm > 1,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         DOT_F32=INTERPRET and weight.dtype != torch.float32,
         PRECISION="tf32x3" if weight.dtype == torch.float32 and not INTERPRET else "ieee",
@@ -665,7 +669,7 @@ class Buffers:
 
         def split(K, N):  # floats of scratch for x @ W [K, N] with its layer tiles or gemv's
             t = layer_tiles(batch, K, N, dt)
-            t = {k: v for k, v in t.items() if k != "num_warps"}
+            t = {k: v for k, v in t.items() if k not in ("num_warps", "early_w")}
             return max(scratch_size(batch, K, N, dev, dtype=dt),
                        scratch_size(batch, K, N, dev, dtype=dt, **t))
         need = max(split(K, N) for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))

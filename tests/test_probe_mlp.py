@@ -204,12 +204,16 @@ def test_probe_b32_tiles_patches_its_choice_at_its_batch_only(monkeypatch):
     splits = []
 
     def spy(x, weight, *args, **kw):
-        splits.append((tuple(weight.shape), kw.get("split")))
+        splits.append((tuple(weight.shape), kw.get("split"), kw.get("early_w")))
         return saved_gemv(x, weight, *args, **kw)
     monkeypatch.setattr(fused, "gemv", spy)
     step = tool("step_ab").with_attr(fused.FusedStep, "best", fused, "layer_tiles", tiles)
-    df = compare_steps({"default": fused.FusedStep, "best": step}, (torch.float32,), (2,),
-                       "tiles", same_as="default", N=4, size="tiny", device=DEVICE, repeats=1)
+    early = tool("step_ab").with_attr(fused.FusedStep, "best_early", fused, "layer_tiles",
+                                      probe.patched({k: t | {"early_w": True}
+                                                     for k, t in best.items()}))
+    df = compare_steps({"default": fused.FusedStep, "best": step, "best_early": early},
+                       (torch.float32,), (2,), "tiles", same_as="default", N=4, size="tiny",
+                       device=DEVICE, repeats=1)
     assert fused.layer_tiles is saved_tiles
     assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
-    assert ((64, 192), 2) in splits and ((256, 64), 1) in splits
+    assert ((64, 192), 2, None) in splits and ((256, 64), 1, True) in splits
