@@ -33,6 +33,20 @@ def test_handoff_chain_adds_one_per_kernel(tiles, split):
     assert torch.equal(got, torch.full_like(got, 0.5 + n)), got[:4]
 
 
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("programs", [1, 144])
+def test_whole_chain_adds_one_per_kernel(programs, flag):
+    # each kernel reads all of x; with flag=True it waits on the count of the kernel ahead
+    # (every one of its programs adds 1), zeroed at the start of each run: twice, the same
+    n = 3
+    run, x, y = probe_chain.whole_chain(n, programs, flag, DEVICE)
+    for _ in range(2):
+        x.fill_(0.5)
+        run()
+        got = y if n % 2 else x
+        assert torch.equal(got, torch.full_like(got, 0.5 + n)), got[:4]
+
+
 @pytest.mark.gpu  # the grid barrier spins: GPU only (tests/conftest.py skips it without CUDA)
 def test_barrier_chain_adds_one_per_phase():
     for n in (1, 4):

@@ -12,6 +12,13 @@ barrier between phases: the design of a "megakernel"), which pass x along withou
   barrier    one kernel, one program per SM, 50 or 100 phases: read its share of x (8 values
              on 132 SMs), write y = x + 1,
              then a grid-wide barrier (an atomic count and a spin), x and y swapped
+  whole      the skeleton of a GEMV that does not split K (the step's at batch 1): each of
+             144 programs reads all of x (L2) and writes its columns of y = x + 1; with PDL
+             it waits for the kernel ahead to finish (gdc_wait)
+  flag       the same, but each kernel waits for a count instead: every program of the
+             kernel ahead adds 1 once its columns are stored (release), and the programs of
+             this one spin until the count reaches the grid's size (acquire), then let the
+             kernel after launch. No wait for the kernel ahead to exit and flush
 
 each with programmatic dependent launches (PDL) and without (the barrier: one launch). Every chain's
 result is checked (x0 + number of kernels or phases). GPU only (the barrier spins: Triton's CPU
@@ -76,6 +83,53 @@ def _barrier_kernel(buf_ptr, cnt_ptr, N, PHASES: tl.constexpr, BLOCK: tl.constex
     if tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel") == P - 1:  # the last one out resets
         tl.atomic_xchg(cnt_ptr, 0)
         tl.atomic_xchg(cnt_ptr + 1, 0)
+
+
+@triton.jit
+def _whole_kernel(x_ptr, y_ptr, cnt_ptr, N, KID, COLS: tl.constexpr, BLOCK: tl.constexpr,
+                  FLAG: tl.constexpr, PDL: tl.constexpr):
+    t = tl.program_id(0)
+    P = tl.num_programs(0)
+    if FLAG:  # the count of the kernel ahead (the first kernel: none); no gdc_wait at all
+        if KID > 0:
+            seen = tl.load(cnt_ptr + KID - 1, volatile=True)
+            while seen < P:
+                seen = tl.load(cnt_ptr + KID - 1, volatile=True)
+            tl.atomic_add(cnt_ptr + KID - 1, 0, sem="acquire")  # its stores are seen after
+    elif PDL:
+        tl.extra.cuda.gdc_wait()
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    xs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + xs, mask=xs < N, other=0.0, cache_modifier=".cg")  # all of x
+    cols = t * COLS + tl.arange(0, COLS)
+    ok = cols < N
+    y = tl.load(x_ptr + cols, mask=ok, other=0.0, cache_modifier=".cg") + 1.0
+    tl.store(y_ptr + cols, y + 0.0 * tl.sum(x, axis=0), mask=ok)
+    if FLAG:
+        tl.debug_barrier()  # every thread's store is issued before the count moves
+        tl.atomic_add(cnt_ptr + KID, 1, sem="release")
+
+
+def whole_chain(n, programs, flag, dev):
+    """`n` kernels of `programs` programs, each reading all of x; flag: counts, not PDL waits.
+    The counts are zeroed at the start of each run (one memset). Off CUDA (Triton's
+    interpreter: one kernel after the other) without PDL."""
+    pdl = dev.type == "cuda"
+    x = torch.zeros(N, device=dev)
+    y = torch.zeros(N, device=dev)
+    cnt = torch.zeros(n, dtype=torch.int32, device=dev)
+    cols = triton.next_power_of_2(triton.cdiv(N, programs))
+
+    def run():
+        cnt.zero_()
+        a, b = x, y
+        for i in range(n):
+            _whole_kernel[(programs,)](a, b, cnt, N, i, COLS=cols,
+                                       BLOCK=triton.next_power_of_2(N), FLAG=flag,
+                                       PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+            a, b = b, a
+    return run, x, y
 
 
 def handoff_chain(n, tiles, split, pdl, dev):
@@ -153,6 +207,13 @@ def main(out):
                 rows.append({"chain": name, "programs": tiles * split, "pdl": pdl,
                              "us_per_kernel": (t100 - t50) / 50, "us_50": t50, "us_100": t100,
                              "correct": ok50 and ok100})
+        for programs in (144, 288):
+            for flag in (False, True):
+                t50, ok50 = time_graph(lambda n: whole_chain(n, programs, flag, dev), 50)
+                t100, ok100 = time_graph(lambda n: whole_chain(n, programs, flag, dev), 100)
+                rows.append({"chain": "flag" if flag else "whole", "programs": programs,
+                             "pdl": True, "us_per_kernel": (t100 - t50) / 50, "us_50": t50,
+                             "us_100": t100, "correct": ok50 and ok100})
         t50, ok50 = time_graph(lambda n: barrier_chain(n, dev), 50)
         t100, ok100 = time_graph(lambda n: barrier_chain(n, dev), 100)
         rows.append({"chain": "barrier", "programs": fused.sm_count(dev), "pdl": False,
