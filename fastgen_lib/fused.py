@@ -39,6 +39,14 @@ from .steps import GraphStep, choose
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on the CPU (numpy)
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))  # a global a kernel reads: constexpr
 LOCKS = 8192  # counters for the split-K reductions: one per column tile (each kernel resets its own)
+EARLY_LAUNCH = False  # with PDL: a kernel lets the next one start first thing, not after its wait
+
+
+def pdl_mode(pdl):
+    """A kernel's PDL constexpr: 0 none, 1 the kernel after starts once this one's wait is
+    over, 2 it starts first thing (EARLY_LAUNCH), its reads before its own wait overlapping
+    this kernel and the one ahead."""
+    return 0 if not pdl else 2 if EARLY_LAUNCH else 1
 
 
 # --- x @ W + b: split along K, LayerNorm folded in, GELU, a residual or the KV cache after ----------
@@ -82,12 +90,15 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
     s2 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     k_lo = pid_s * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
+    if PDL == 2:  # the kernel after may start now: its early reads overlap this one
+        tl.extra.cuda.gdc_launch_dependents()
     # the first tile of W, read while the kernel ahead may still run (with PDL)
     w_next = _weight_tile(w_ptr, k_lo + tl.arange(0, BLOCK_K), cols, k_hi, col_ok,
                           stride_wk, stride_wn)
     if PDL:  # the weights do not depend on the kernel ahead; x does: wait for it to finish
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()  # the kernel after may start on its weights
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()  # the kernel after may start on its weights
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)                                  # [BLOCK_K]
         k_ok = ks < K
@@ -313,7 +324,7 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         DOT_F32=INTERPRET and weight.dtype != torch.float32,
         PRECISION="tf32x3" if weight.dtype == torch.float32 and not INTERPRET else "ieee",
-        PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
+        PDL=pdl_mode(pdl), num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
     return y
 
 
@@ -363,9 +374,12 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock
     # of (b, h) to finish combines the blocks, as flash-decoding does.
     # EARLY_KV: the keys and values of the slots before `col` are read before the wait (earlier
     # steps wrote them; the kernel ahead writes only column `col`), the rest after it.
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL and not EARLY_KV:  # all here depends on the kernel ahead: wait, let the next start
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     b = pid // H
@@ -383,7 +397,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock
             v_early = tl.load(v_ptr + kv, mask=old, other=0.0)
             if PDL:
                 tl.extra.cuda.gdc_wait()
-                tl.extra.cuda.gdc_launch_dependents()
+                if PDL == 1:
+                    tl.extra.cuda.gdc_launch_dependents()
             new = ((ss == n_keys - 1)[:, None]) & d_ok[None, :]          # column `col`
             k_early = tl.where(new, tl.load(k_ptr + kv, mask=new, other=0.0), k_early)
             v_early = tl.where(new, tl.load(v_ptr + kv, mask=new, other=0.0), v_early)
@@ -469,7 +484,7 @@ def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=Non
         D ** -0.5 if scale is None else scale,
         q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), mask.stride(0), o.stride(0),
         HAS_COL=col is not None, SPLITS=splits, BLOCK_S=block_s, BLOCK_D=block_d,
-        PDL=pdl, EARLY_KV=early_kv, num_warps=num_warps,
+        PDL=pdl_mode(pdl), EARLY_KV=early_kv, num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}))
     return o
 
@@ -506,6 +521,8 @@ def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_pt
     col_ok = cols < N
     ds = tl.arange(0, BLOCK_D)
     d_ok = ds < D
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     # before the wait: the weights, and the keys and values earlier steps wrote (< col)
     w = _weight_tile(w_ptr, h * D + ds, cols, h * D + D, col_ok, stride_wk, stride_wn)
     n_keys = tl.load(col_ptr) + 1
@@ -516,7 +533,8 @@ def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_pt
     v = tl.load(v_ptr + kv, mask=old, other=0.0)
     if PDL:  # q and column `col` of the cache come from the QKV GEMV ahead
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()
     new = (ss == n_keys - 1)[:, None] & d_ok[None, :]
     k = tl.where(new, tl.load(k_ptr + kv, mask=new, other=0.0), k)
     v = tl.where(new, tl.load(v_ptr + kv, mask=new, other=0.0), v)
@@ -579,7 +597,7 @@ def attention_proj(q, keys, values, mask, col, weight, bias, residual, out=None,
         D ** -0.5, q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         mask.stride(0), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         BLOCK_S=min(block_s, triton.next_power_of_2(S)), BLOCK_D=triton.next_power_of_2(D),
-        BLOCK_N=block_n, PDL=pdl, num_warps=num_warps,
+        BLOCK_N=block_n, PDL=pdl_mode(pdl), num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}))
     return y
 
@@ -594,9 +612,12 @@ def _greedy_tail_kernel(val_ptr, idx_ptr, fin_ptr, pad_ptr, eos_ptr, out_ptr, to
     # One program per row: the first index of the row's largest value (torch.argmax's choice), then
     # `choose` and `decode_step`'s writes. The last row to finish sets done and col += 1.
     # HAS_IDX: the values are per-tile maxima, with their indices in idx_ptr (gemv's argmax).
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
     best_i = tl.zeros([BLOCK_V], dtype=tl.int32)
@@ -646,7 +667,8 @@ def greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, locks,
         vals, idx, finished.view(torch.uint8), chooser.pad, chooser.eos, out, tok, step_pos, col,
         done.view(torch.uint8), locks, B, vals.shape[1], n_eos, vals.stride(0), out.stride(0),
         HAS_IDX=tiles is not None, BLOCK_V=min(block_v, triton.next_power_of_2(vals.shape[1])),
-        BLOCK_B=triton.next_power_of_2(B), PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+        BLOCK_B=triton.next_power_of_2(B), PDL=pdl_mode(pdl),
+        **({"launch_pdl": True} if pdl else {}))
 
 
 # --- GPT-2's decode step from these kernels ----------------------------------------------------------------
