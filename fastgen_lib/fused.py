@@ -39,14 +39,6 @@ from .steps import GraphStep, choose
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on the CPU (numpy)
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))  # a global a kernel reads: constexpr
 LOCKS = 8192  # counters for the split-K reductions: one per column tile (each kernel resets its own)
-EARLY_LAUNCH = False  # with PDL: a kernel lets the next one start first thing, not after its wait
-
-
-def pdl_mode(pdl):
-    """A kernel's PDL constexpr: 0 none, 1 the kernel after starts once this one's wait is
-    over, 2 it starts first thing (EARLY_LAUNCH), its reads before its own wait overlapping
-    this kernel and the one ahead."""
-    return 0 if not pdl else 2 if EARLY_LAUNCH else 1
 
 
 # --- x @ W + b: split along K, LayerNorm folded in, GELU, a residual or the KV cache after ----------
@@ -67,7 +59,6 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
                  LN: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
                  QKV: tl.constexpr, EMBED: tl.constexpr, ARGMAX: tl.constexpr,
                  SPLIT: tl.constexpr, K_CHUNK: tl.constexpr, ONE_TILE: tl.constexpr,
-                 EARLY_W: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT_F32: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     # x [B, K] @ W [K, N] (any strides: Conv1D's [in, out], or lm_head's [out, in] transposed).
@@ -90,19 +81,16 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
     s2 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     k_lo = pid_s * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    if PDL == 2:  # the kernel after may start now: its early reads overlap this one
-        tl.extra.cuda.gdc_launch_dependents()
     # the first tile of W, read while the kernel ahead may still run (with PDL)
     w_next = _weight_tile(w_ptr, k_lo + tl.arange(0, BLOCK_K), cols, k_hi, col_ok,
                           stride_wk, stride_wn)
     if PDL:  # the weights do not depend on the kernel ahead; x does: wait for it to finish
         tl.extra.cuda.gdc_wait()
-        if PDL == 1:
-            tl.extra.cuda.gdc_launch_dependents()  # the kernel after may start on its weights
+        tl.extra.cuda.gdc_launch_dependents()  # the kernel after may start on its weights
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)                                  # [BLOCK_K]
         k_ok = ks < K
-        if BLOCK_M == 1 or EARLY_W:  # the next tile is read while this one is summed
+        if BLOCK_M == 1:  # the next tile is read while this one is summed
             w = w_next
             if not ONE_TILE:
                 w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok,
@@ -266,7 +254,7 @@ def scratch_size(B, K, N, device, **tiles):
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
          argmax=None, out=None, scratch=None, block_n=None, block_k=None,
-         programs_per_sm=None, split=None, num_warps=4, early_w=False, pdl=False):
+         programs_per_sm=None, split=None, num_warps=4, pdl=False):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
     ln=(g, c, d, eps): x is LayerNorm'd first (weight g [K]), folded in: c = g @ weight and
@@ -278,10 +266,8 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     column tile and its first column. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
     [LOCKS], buffers for the split, made per call when None. pdl=True: launched as a programmatic
     dependent launch (`supports_pdl`): the kernel reads its first weight tile while the kernel
-    ahead of it in the stream finishes: at batch 1 always, at batch > 1 with early_w=True
-    (then each next tile is read while one is summed, not by tl.dot's own pipeline).
-    block_n, block_k, programs_per_sm, split: the tiles (`gemv_tiles`), num_warps: per
-    program."""
+    ahead of it in the stream finishes. block_n, block_k, programs_per_sm, split: the tiles
+    (`gemv_tiles`), num_warps: per program."""
     B, K = x.shape
     K2, N = weight.shape
     assert K == K2 and bias.shape == (N,), (x.shape, weight.shape, bias.shape)
@@ -319,12 +305,11 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
         keys.stride(2) if qkv is not None else 0, wte.stride(0), tok.stride(0), pos.stride(0),
         LN=ln is not None, GELU=gelu, RESIDUAL=residual is not None, QKV=qkv is not None,
         EMBED=embed is not None, ARGMAX=argmax is not None,
-        SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=(bm == 1 or early_w) and k_chunk == bk,
-        EARLY_W=early_w and bm > 1,
+        SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=bm == 1 and k_chunk == bk,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         DOT_F32=INTERPRET and weight.dtype != torch.float32,
         PRECISION="tf32x3" if weight.dtype == torch.float32 and not INTERPRET else "ieee",
-        PDL=pdl_mode(pdl), num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
+        PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
     return y
 
 
@@ -374,12 +359,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock
     # of (b, h) to finish combines the blocks, as flash-decoding does.
     # EARLY_KV: the keys and values of the slots before `col` are read before the wait (earlier
     # steps wrote them; the kernel ahead writes only column `col`), the rest after it.
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
     if PDL and not EARLY_KV:  # all here depends on the kernel ahead: wait, let the next start
         tl.extra.cuda.gdc_wait()
-        if PDL == 1:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     b = pid // H
@@ -397,8 +379,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock
             v_early = tl.load(v_ptr + kv, mask=old, other=0.0)
             if PDL:
                 tl.extra.cuda.gdc_wait()
-                if PDL == 1:
-                    tl.extra.cuda.gdc_launch_dependents()
+                tl.extra.cuda.gdc_launch_dependents()
             new = ((ss == n_keys - 1)[:, None]) & d_ok[None, :]          # column `col`
             k_early = tl.where(new, tl.load(k_ptr + kv, mask=new, other=0.0), k_early)
             v_early = tl.where(new, tl.load(v_ptr + kv, mask=new, other=0.0), v_early)
@@ -484,7 +465,7 @@ def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=Non
         D ** -0.5 if scale is None else scale,
         q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), mask.stride(0), o.stride(0),
         HAS_COL=col is not None, SPLITS=splits, BLOCK_S=block_s, BLOCK_D=block_d,
-        PDL=pdl_mode(pdl), EARLY_KV=early_kv, num_warps=num_warps,
+        PDL=pdl, EARLY_KV=early_kv, num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}))
     return o
 
@@ -521,8 +502,6 @@ def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_pt
     col_ok = cols < N
     ds = tl.arange(0, BLOCK_D)
     d_ok = ds < D
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
     # before the wait: the weights, and the keys and values earlier steps wrote (< col)
     w = _weight_tile(w_ptr, h * D + ds, cols, h * D + D, col_ok, stride_wk, stride_wn)
     n_keys = tl.load(col_ptr) + 1
@@ -533,8 +512,7 @@ def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_pt
     v = tl.load(v_ptr + kv, mask=old, other=0.0)
     if PDL:  # q and column `col` of the cache come from the QKV GEMV ahead
         tl.extra.cuda.gdc_wait()
-        if PDL == 1:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     new = (ss == n_keys - 1)[:, None] & d_ok[None, :]
     k = tl.where(new, tl.load(k_ptr + kv, mask=new, other=0.0), k)
     v = tl.where(new, tl.load(v_ptr + kv, mask=new, other=0.0), v)
@@ -597,7 +575,7 @@ def attention_proj(q, keys, values, mask, col, weight, bias, residual, out=None,
         D ** -0.5, q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         mask.stride(0), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         BLOCK_S=min(block_s, triton.next_power_of_2(S)), BLOCK_D=triton.next_power_of_2(D),
-        BLOCK_N=block_n, PDL=pdl_mode(pdl), num_warps=num_warps,
+        BLOCK_N=block_n, PDL=pdl, num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}))
     return y
 
@@ -612,12 +590,9 @@ def _greedy_tail_kernel(val_ptr, idx_ptr, fin_ptr, pad_ptr, eos_ptr, out_ptr, to
     # One program per row: the first index of the row's largest value (torch.argmax's choice), then
     # `choose` and `decode_step`'s writes. The last row to finish sets done and col += 1.
     # HAS_IDX: the values are per-tile maxima, with their indices in idx_ptr (gemv's argmax).
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
     if PDL:
         tl.extra.cuda.gdc_wait()
-        if PDL == 1:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
     best_i = tl.zeros([BLOCK_V], dtype=tl.int32)
@@ -667,8 +642,7 @@ def greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, locks,
         vals, idx, finished.view(torch.uint8), chooser.pad, chooser.eos, out, tok, step_pos, col,
         done.view(torch.uint8), locks, B, vals.shape[1], n_eos, vals.stride(0), out.stride(0),
         HAS_IDX=tiles is not None, BLOCK_V=min(block_v, triton.next_power_of_2(vals.shape[1])),
-        BLOCK_B=triton.next_power_of_2(B), PDL=pdl_mode(pdl),
-        **({"launch_pdl": True} if pdl else {}))
+        BLOCK_B=triton.next_power_of_2(B), PDL=pdl, **({"launch_pdl": True} if pdl else {}))
 
 
 # --- GPT-2's decode step from these kernels ----------------------------------------------------------------
@@ -691,7 +665,7 @@ class Buffers:
 
         def split(K, N):  # floats of scratch for x @ W [K, N] with its layer tiles or gemv's
             t = layer_tiles(batch, K, N, dt)
-            t = {k: v for k, v in t.items() if k not in ("num_warps", "early_w")}
+            t = {k: v for k, v in t.items() if k != "num_warps"}
             return max(scratch_size(batch, K, N, dev, dtype=dt),
                        scratch_size(batch, K, N, dev, dtype=dt, **t))
         need = max(split(K, N) for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))

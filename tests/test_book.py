@@ -90,6 +90,9 @@ LESSONS = [
      and r["ch9_whole_k_saved_bfloat16"] > 0.05),
     ("09_fused", "a kernel's hand-off costs over 2 us with no bytes; a grid barrier under half",
      lambda r: r["ch9_handoff_us_pdl"] > 2 and r["ch9_barrier_us"] < r["ch9_handoff_us_pdl"] / 2),
+    ("09_fused", "an unsplit GEMV hands off in under half a split one's time; spinning on a count "
+     "is slower than the PDL wait", lambda r: r["ch9_whole_us"] < r["ch9_handoff_us_pdl"] / 2
+     and r["ch9_flag_us"] > r["ch9_whole_us"]),
     ("09_fused", "one persistent kernel is slower than the PDL chain; its phases alone take most of it",
      lambda r: r["ch9_persistent_us_float32"] > r["ch9_pdl_chain_us_float32"]
      and r["ch9_persistent_phases_us_float32"] > 0.75 * r["ch9_pdl_chain_us_float32"]),

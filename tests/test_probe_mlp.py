@@ -204,46 +204,12 @@ def test_probe_b32_tiles_patches_its_choice_at_its_batch_only(monkeypatch):
     splits = []
 
     def spy(x, weight, *args, **kw):
-        splits.append((tuple(weight.shape), kw.get("split"), kw.get("early_w")))
+        splits.append((tuple(weight.shape), kw.get("split")))
         return saved_gemv(x, weight, *args, **kw)
     monkeypatch.setattr(fused, "gemv", spy)
     step = tool("step_ab").with_attr(fused.FusedStep, "best", fused, "layer_tiles", tiles)
-    early = tool("step_ab").with_attr(fused.FusedStep, "best_early", fused, "layer_tiles",
-                                      probe.patched({k: t | {"early_w": True}
-                                                     for k, t in best.items()}))
-    df = compare_steps({"default": fused.FusedStep, "best": step, "best_early": early},
-                       (torch.float32,), (2,), "tiles", same_as="default", N=4, size="tiny",
-                       device=DEVICE, repeats=1)
+    df = compare_steps({"default": fused.FusedStep, "best": step}, (torch.float32,), (2,),
+                       "tiles", same_as="default", N=4, size="tiny", device=DEVICE, repeats=1)
     assert fused.layer_tiles is saved_tiles
     assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
-    assert ((64, 192), 2, None) in splits and ((256, 64), 1, True) in splits
-
-
-def test_probe_early_launch_steps_give_model_generate_tokens_on_the_tiny_model():
-    # tools/probe_early_launch.py's steps: EARLY_LAUNCH (no PDL off CUDA: the kernels as they
-    # are) and, at batch > 1, K in chunks of one tile read early; both with model.generate's
-    # tokens, in force while the step captures, put back after
-    probe, compare_steps = tool("probe_early_launch"), tool("step_ab").compare_steps
-    saved = (fused.EARLY_LAUNCH, fused.layer_tiles, fused.gemv)
-    seen = []
-
-    def spy(x, weight, *args, **kw):
-        seen.append((fused.EARLY_LAUNCH, kw.get("early_w"), kw.get("split")))
-        return saved[2](x, weight, *args, **kw)
-    fused.gemv = spy
-    try:
-        df = compare_steps(probe.steps(), (torch.float32,), (2,), "step", same_as="default",
-                           N=4, size="tiny", device=DEVICE, repeats=1)
-    finally:
-        fused.gemv = saved[2]
-    assert (fused.EARLY_LAUNCH, fused.layer_tiles) == saved[:2]
-    assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
-    assert (True, None, None) in seen and (True, True, 1) in seen  # tiny's K = 64: one chunk
-    assert probe.chunk_tiles(2, 768, 2304, torch.float32)["split"] == 12
-    fused.layer_tiles = probe.chunk_tiles  # as the step patches it: batch 1 is the library's
-    try:
-        assert probe.chunk_tiles(1, 768, 2304, torch.float32) == saved[1](1, 768, 2304,
-                                                                          torch.float32)
-    finally:
-        fused.layer_tiles = saved[1]
-    assert fused.pdl_mode(False) == 0 and fused.pdl_mode(True) == 1
+    assert ((64, 192), 2) in splits and ((256, 64), 1) in splits

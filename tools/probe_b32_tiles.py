@@ -6,9 +6,7 @@ many bytes as the weights. This probe times each GEMV alone (`step_ab.bench_grap
 on 20 copies of the weight in one CUDA graph) over narrower columns, fewer splits, down to
 none, and 8 warps; then the step (`FusedStep` under the interleaved driver, prompt 16 mixed,
 100 new tokens, alternated, 10 rounds) with each GEMV's fastest tiles (`best`) and its
-fastest unsplit ones (`unsplit`) patched into `fused.layer_tiles`, against the library's;
-`_early`: also with `early_w` (the first weight tile read before the PDL wait, each next
-one while a tile is summed, as at batch 1).
+fastest unsplit ones (`unsplit`) patched into `fused.layer_tiles`, against the library's.
 The kernels are compiled first in parallel processes (Triton's disk cache), then timed in
 this one.
 Usage: python tools/probe_b32_tiles.py OUT_DIR [DTYPE]   (float32, or bfloat16)"""
@@ -49,7 +47,7 @@ def call(name, dtype, tiles):
     """fn(i) for bench_graph: gemv on copy i of the weight with `tiles` (None: gemv's own)."""
     x, ws, b, out = operands(name, dtype)
     t = tiles or {}
-    tile_args = {k: v for k, v in t.items() if k not in ("num_warps", "early_w")}
+    tile_args = {k: v for k, v in t.items() if k != "num_warps"}
     K, N = SHAPES[name]
     scratch = (torch.empty(fused.scratch_size(B, K, N, x.device, dtype=dtype, **tile_args),
                            device="cuda"),
@@ -120,9 +118,7 @@ def main(out, dtype):
     for label, unsplit in (("best", False), ("unsplit", True)):
         choice = fastest(df, unsplit)
         print(label, choice, flush=True)
-        early = {shape: t | {"early_w": True} for shape, t in choice.items()}
-        for name, c in ((label, choice), (f"{label}_early", early)):
-            steps[name] = with_attr(fused.FusedStep, name, fused, "layer_tiles", patched(c))
+        steps[label] = with_attr(fused.FusedStep, label, fused, "layer_tiles", patched(choice))
     compare_steps(steps, (dtype,), (B,), "tiles", same_as="default").to_csv(
         out / f"step_b32_{tag}.csv", index=False)
 
