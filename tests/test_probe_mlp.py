@@ -213,3 +213,16 @@ def test_probe_b32_tiles_patches_its_choice_at_its_batch_only(monkeypatch):
     assert fused.layer_tiles is saved_tiles
     assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
     assert ((64, 192), 2) in splits and ((256, 64), 1) in splits
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_probe_b32_rows_kernel_matches_torch(rows):
+    # tools/probe_b32_rows.py's GEMV (all of K in registers, the batch `rows` rows at a time):
+    # batch 5 (not a multiple of rows), 48 columns in tiles of 16, K = 80 (padded to 128)
+    probe = tool("probe_b32_rows")
+    torch.manual_seed(0)
+    x, w, b = rand(5, 80, dtype=torch.float32), rand(80, 48, dtype=torch.float32), \
+        rand(48, dtype=torch.float32)
+    y = torch.empty(5, 48, device=DEVICE)
+    probe.rows_gemv(x, w, b, y, block_n=16, rows=rows)
+    torch.testing.assert_close(y, x @ w + b, **TOL[torch.float32])
