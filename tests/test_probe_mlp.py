@@ -226,3 +226,36 @@ def test_probe_b32_rows_kernel_matches_torch(rows):
     y = torch.empty(5, 48, device=DEVICE)
     probe.rows_gemv(x, w, b, y, block_n=16, rows=rows)
     torch.testing.assert_close(y, x @ w + b, **TOL[torch.float32])
+
+
+
+def test_probe_layout_steps_read_k_contiguous_weights_on_the_tiny_model():
+    # tools/probe_layout.py's patched steps at batch 1: the layer GEMVs (qkv, c_fc,
+    # mlp.c_proj) read copies of their weights with K contiguous, with their tiles; with an
+    # "l" part the lm_head reads all of K as one tile, its per-tile maxima sized to match
+    # (a large tile: the interpreter pays per program); model.generate's tokens, and the
+    # library's gemv, gemv_tiles and layer_tiles put back after
+    probe, compare_steps = tool("probe_layout"), tool("step_ab").compare_steps
+    saved = (fused.layer_tiles, fused.gemv, fused.gemv_tiles)
+    probe.COPIES.clear()
+    name = "a8w4_p4w8_l8192w4"
+    assert probe.groups(name)["l"] == dict(block_k=4096, block_n=8192, num_warps=4)
+    df = compare_steps({"default": fused.FusedStep, name: probe.with_layout(name)},
+                       (torch.float32,), (1,), "layout", same_as="default", N=4,
+                       size="tiny", device=DEVICE, repeats=1)
+    assert (fused.layer_tiles, fused.gemv, fused.gemv_tiles) == saved
+    assert df.tokens_equal_default.all() and df.tokens_equal_model_generate.all()
+    copies = [c for _, c in probe.COPIES.values()]
+    assert {tuple(c.shape) for c in copies} == {(64, 192), (64, 256), (256, 64)}
+    assert len(copies) == 3 * 2 and all(c.stride(0) == 1 for c in copies)  # tiny: 2 layers
+    model = fg.load_model("tiny", device=DEVICE)
+    from fastgen_lib.models import EOS
+    from fastgen_lib.steps import GenConfig
+    step = probe.with_layout(name)(model, 1, 20, GenConfig(4, (EOS,), EOS, False, 1.0, None,
+                                                           0, None))
+    assert step.buf.top.shape == (1, -(-model.config.vocab_size // 8192))
+    assert probe.kt("a8w4_p2w8")(1, 3072, 768, torch.float32) == dict(
+        block_k=4096, block_n=2, num_warps=8)
+    assert probe.kt("lib")(1, 768, 2304, torch.float32) == fused.layer_tiles(
+        1, 768, 2304, torch.float32)
+    assert probe.kt("a8w4_p2w8")(32, 768, 2304, torch.float32) == {}
