@@ -231,17 +231,20 @@ def layer_tiles(B, K, N, dtype):
     """`gemv`'s tiles for a layer's x [B, K] @ W [K, N] in the step (`fused_forward`).
     At batch 1 each program reads all of K as one tile, before its PDL wait: K is not
     split, so after the wait there are no partial sums, no counter and no last program
-    adding them up. 16 columns a program (8 in float32 where K > 1024: the tile sits in
-    registers), the fastest measured on an H200 (results/h200/fused/whole_k/). A tile
-    over 128 KB (K padded to a power of two; larger models than GPT-2 124M and 355M)
-    and batch > 1: {}, gemv's own tiles, split."""
-    f32 = dtype == torch.float32
+    adding them up. W with K contiguous (`step_weights`): 8 columns and 4 warps a
+    program where K <= 1024, 4 columns and 8 warps above (288 programs for GPT-2's QKV
+    projection, 192 for mlp.c_proj), the fastest measured on an H200
+    (results/h200/fused/layout/); under the CPU interpreter, which pays per program, at
+    most ~4 column tiles, as `gemv_tiles` has. A tile over 128 KB (K padded to a power of
+    two; larger models than GPT-2's) and batch > 1: {}, gemv's own tiles, split."""
     whole_k = triton.next_power_of_2(K)
     if K <= 1024:
-        tiles = dict(block_k=whole_k, block_n=16, num_warps=4 if f32 else 8)
+        tiles = dict(block_k=whole_k, block_n=8, num_warps=4)
     else:
-        tiles = dict(block_k=whole_k, block_n=8 if f32 else 16, num_warps=16)
-    tile_bytes = whole_k * tiles["block_n"] * (4 if f32 else 2)
+        tiles = dict(block_k=whole_k, block_n=4, num_warps=8)
+    tile_bytes = whole_k * tiles["block_n"] * (4 if dtype == torch.float32 else 2)
+    if INTERPRET:
+        tiles["block_n"] = max(tiles["block_n"], triton.next_power_of_2(triton.cdiv(N, 4)))
     return tiles if B == 1 and tile_bytes <= 128 * 1024 else {}
 
 
@@ -342,6 +345,28 @@ def fold_layernorms(model, out=None):
 def _each(folds):
     """The folds of `fold_layernorms`, one after another."""
     return [f for pair in folds[0] for f in pair] + [folds[1]]
+
+
+def step_weights(model, k_contiguous, out=None):
+    """Per block, the weights [K, N] of c_attn, c_fc and mlp.c_proj as the step's GEMVs
+    read them. k_contiguous=True (the step at batch 1): copies with K contiguous (strides
+    (1, K), as the lm_head's [V, E] is read). A program of a few columns then reads whole
+    memory sectors, so a projection can have many programs with few bytes each
+    (`layer_tiles`); GPT-2's Conv1D keeps N contiguous, where 8 bfloat16 columns use half
+    of each 32-byte sector. The copies take as much memory as those weights.
+    False (at batch > 1, where tl.dot reads them faster as they are): the model's own
+    tensors. `out`: the earlier copies, written again in place (their addresses are in
+    the captured graphs)."""
+    blocks = [(b.attn.c_attn.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)
+              for b in model.transformer.h]
+    if not k_contiguous:
+        return blocks
+    if out is not None:
+        for new, old in zip(blocks, out):
+            for w, copy in zip(new, old):
+                copy.copy_(w)
+        return out
+    return [tuple(w.t().contiguous().t() for w in ws) for ws in blocks]
 
 
 # --- attention of one query token over the used slots of the static cache -------------------------------
@@ -676,7 +701,8 @@ class Buffers:
 
 
 @torch.no_grad()
-def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False):
+def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False,
+                  weights=None):
     """One decode step of GPT2LMHeadModel with the fused kernels: tok [B, 1] token ids
     at column `col` (0-d tensor), step_pos [B, 1] their position ids, mask [B, L] the
     attention mask over all L slots of the prefilled StaticCache `cache`; `folds` from
@@ -684,7 +710,8 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
     `col` -> float32 logits [B, V] (buf.logits), equal to
     `steps.forward(model, tok, mask, step_pos, cache)`, and their per-tile maxima
     (buf.top, buf.top_i). The cache's own counters are not advanced: `col` is the step's
-    column. pdl=True: each kernel after the first starts as the one ahead finishes."""
+    column. pdl=True: each kernel after the first starts as the one ahead finishes.
+    weights: `step_weights` (None: the model's own)."""
     tr = model.transformer
     h, q, a, m = buf.h, buf.q, buf.a, buf.m
     kw = dict(scratch=buf.scratch, pdl=pdl)
@@ -692,11 +719,12 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
     def tiles(w):  # a layer GEMV's tiles for x @ w
         return layer_tiles(h.shape[0], *w.shape, w.dtype)
     embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, into h
-    for block, layer, (ln_1, ln_2) in zip(tr.h, cache.layers, folds[0]):
+    weights = weights or step_weights(model, k_contiguous=False)        # the model's own
+    for block, layer, (ln_1, ln_2), (w_qkv, w_fc, w_proj) in zip(tr.h, cache.layers,
+                                                                  folds[0], weights):
         at, mlp = block.attn, block.mlp
-        gemv(h, at.c_attn.weight, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
-             qkv=(layer.keys, layer.values, col), **kw,
-             **tiles(at.c_attn.weight))                                   # q [B, E]
+        gemv(h, w_qkv, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
+             qkv=(layer.keys, layer.values, col), **kw, **tiles(w_qkv))  # q [B, E]
         embed = None
         if h.shape[0] == 1:  # one kernel: each head's output is a slice of c_proj's K
             attention_proj(q, layer.keys, layer.values, mask, col, at.c_proj.weight,
@@ -706,10 +734,8 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
                       **kw)
             gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw,
                  **tiles(at.c_proj.weight))
-        gemv(h, mlp.c_fc.weight, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw,
-             **tiles(mlp.c_fc.weight))
-        gemv(m, mlp.c_proj.weight, mlp.c_proj.bias, residual=h, out=h, **kw,
-             **tiles(mlp.c_proj.weight))
+        gemv(h, w_fc, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw, **tiles(w_fc))
+        gemv(m, w_proj, mlp.c_proj.bias, residual=h, out=h, **kw, **tiles(w_proj))
     lm_head = model.lm_head.weight.t()                                  # [E, V] view
     return gemv(h, lm_head, folds[1][2], ln=folds[1], out=buf.logits,
                 argmax=(buf.top, buf.top_i), **kw)
@@ -718,12 +744,12 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False)
 # --- the step backend on the seam (steps.GraphStep with this forward) ----------------------------------------
 
 def fused_decode_step(model, folds, buf, cache, chooser, tok, step_pos, mask, col, finished,
-                      out, done, pdl=False):
+                      out, done, pdl=False, weights=None):
     """`steps.decode_step` with `fused_forward` in place of the model's forward: the next token into
     `out` at column col + 1 and into `tok`, the position and the column advanced, `done` set. Greedy
     decoding chooses in one kernel (`greedy_tail`); sampling through `steps.choose`. In place only,
-    so it replays as a CUDA graph."""
-    logits = fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl)
+    so it replays as a CUDA graph. weights: as `fused_forward`'s."""
+    logits = fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl, weights)
     if not chooser.do_sample:
         return greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, buf.scratch[1],
                            tiles=(buf.top, buf.top_i), pdl=pdl)
@@ -769,6 +795,7 @@ class FusedStep(GraphStep):
                              "Triton's interpreter: TRITON_INTERPRET=1 before triton is imported)")
         super().__init__(model, batch, length, gen)
         self.folds, self.versions = fold_layernorms(model), weights_version(model)
+        self.weights = step_weights(model, k_contiguous=batch == 1)
         self.buf = Buffers(model, batch, length)
         self.pdl = supports_pdl(model.device) if self.pdl is None else self.pdl
 
@@ -777,10 +804,11 @@ class FusedStep(GraphStep):
         were made (e.g. `lm_head.bias[EOS] = ...`): the folds are copies, not the weights."""
         if weights_version(self.model) != self.versions:
             fold_layernorms(self.model, out=self.folds)
+            step_weights(self.model, self.tok.shape[0] == 1, out=self.weights)
             self.versions = weights_version(self.model)
         super().prefill(input_ids, attention_mask, gen)
 
     def run(self, slot):
         fused_decode_step(self.model, self.folds, self.buf, self.cache, self.chooser, self.tok,
                           self.step_pos, self.mask, self.col, self.finished, self.out,
-                          self.done[slot], self.pdl)
+                          self.done[slot], self.pdl, self.weights)

@@ -426,16 +426,18 @@ def test_fused_forward_equals_steps_forward(tiny, B, whole_k, monkeypatch):
     # written at the same column; the fused step leaves the cache's counters alone (`col` is its own)
     T, L, steps = 6, 12, 3
     logits_tol = dict(rtol=1e-4, atol=1e-4) if tiny.dtype == torch.float32 else dict(rtol=0, atol=3e-2)
-    if whole_k:  # every GEMV reads its whole K as one tile (`fused.layer_tiles`, as a probe patches it)
+    if whole_k:  # every GEMV reads its whole K as one tile (`fused.layer_tiles`, as a probe
+        # patches it), from weights with K contiguous (`fused.step_weights`, as at batch 1)
         monkeypatch.setattr(fused, "layer_tiles", lambda B, K, N, dtype: dict(block_k=4096))
     cache, tok, pos, mask = prefilled(tiny, B, T, L)
     mine = copy.deepcopy(cache)
     folds, buf = fused.fold_layernorms(tiny), fused.Buffers(tiny, B, L)
+    weights = fused.step_weights(tiny, k_contiguous=True) if whole_k else None
     for i in range(steps):
         step_pos = pos[:, T + i : T + i + 1]
         want = forward(tiny, tok, mask, step_pos, cache)
         got = fused.fused_forward(tiny, folds, buf, tok, step_pos, mask, mine,
-                                  torch.tensor(T + i, device=DEVICE))
+                                  torch.tensor(T + i, device=DEVICE), weights=weights)
         assert got.dtype == torch.float32 and got.shape == want.shape
         torch.testing.assert_close(got, want, **logits_tol)
         for a, b in zip(mine.layers, cache.layers):
@@ -466,21 +468,45 @@ def test_fused_step_backend_gives_model_generate_tokens(driver, bias, seed):
     assert torch.equal(out, ref), (out, ref)
 
 
-def test_fused_step_folds_again_after_a_weight_changes_in_place():
-    # the folds (c = g @ W, d = beta @ W + b) are copies: a kept step must see `lm_head.bias`
-    # written in place (no new address, so the same step and graphs), as GraphStep's graphs do
+def test_step_weights_are_k_contiguous_copies_refreshed_in_place():
+    # at batch 1 the layer GEMVs read copies with K contiguous: the same values, strides (1, K);
+    # out= writes new values into the same tensors (the graphs' addresses); at batch > 1, the
+    # model's own tensors
+    model = fg.load_model("tiny", device=DEVICE)
+    own = fused.step_weights(model, k_contiguous=False)
+    copies = fused.step_weights(model, k_contiguous=True)
+    assert len(copies) == len(own) == model.config.n_layer
+    for ws, cs, block in zip(own, copies, model.transformer.h):
+        assert ws[0] is block.attn.c_attn.weight and ws[2] is block.mlp.c_proj.weight
+        for w, c in zip(ws, cs):
+            assert c.shape == w.shape and c.stride() == (1, w.shape[0]) and torch.equal(c, w)
+            assert c.data_ptr() != w.data_ptr()
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight.mul_(2.0)
+    addresses = [c.data_ptr() for cs in copies for c in cs]
+    assert fused.step_weights(model, True, out=copies) is copies
+    assert [c.data_ptr() for cs in copies for c in cs] == addresses
+    assert torch.equal(copies[1][1], model.transformer.h[1].mlp.c_fc.weight)
+
+
+@pytest.mark.parametrize("B", [4, 1])  # batch 1: the step's weights are copies too
+def test_fused_step_folds_again_after_a_weight_changes_in_place(B):
+    # the folds (c = g @ W, d = beta @ W + b) and, at batch 1, the step's weights are copies: a
+    # kept step must see `lm_head.bias` and a layer's weight written in place (no new address,
+    # so the same step and graphs), as GraphStep's graphs do
     from fastgen_lib import decoders, stops
     from fastgen_lib.models import EOS
     from fastgen_lib.reference import hf_generate
     from fastgen_lib.steps import GenConfig
     model = fg.load_model("tiny", device=DEVICE)
     fg.set_eos_bias(model, 0.01)
-    ids, mask = fg.make_batch(4, 8, mixed=True, seed=4, device=DEVICE)
+    ids, mask = fg.make_batch(B, 8, mixed=True, seed=4, device=DEVICE)
     N = 24
     decoders.decode(model, ids, mask, GenConfig(2, (EOS,), EOS, max_cache_len=8 + N),
                     fused.FusedStep, stops.deferred)  # makes the step, folds a bias of 0.01
     with torch.no_grad():
         model.lm_head.bias[EOS] = 0.6  # rows now stop apart (the test above)
+        model.transformer.h[0].mlp.c_fc.weight.mul_(1.5)
     ref = hf_generate(model, ids, mask, N, EOS, EOS, cache_implementation="static")
     out = decoders.decode(model, ids, mask, GenConfig(N, (EOS,), EOS), fused.FusedStep,
                           stops.deferred)
@@ -563,14 +589,16 @@ def test_fused_step_at_batch_1_joins_attention_and_c_proj(monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_tiles_whole_k_at_batch_1_only_where_the_tile_fits(dtype):
-    # GPT-2 124M's layer GEMVs at batch 1: all of K one tile (no split), 16 columns (8 for
-    # mlp.c_proj in float32); batch 32, and a larger model's mlp.c_proj (K = 5120: a tile of
-    # 8192 padded rows, over 128 KB), keep gemv's split
+    # GPT-2 124M's layer GEMVs at batch 1: all of K one tile (no split), 8 columns (4 for
+    # mlp.c_proj); batch 32, and a mlp.c_proj of K = 16384 (4 columns of 16384 rows: 128 KB
+    # in bfloat16, 256 KB in float32, over 128 KB in float32 only) keep gemv's split
     f32 = dtype == torch.float32
     for K, N in [(768, 2304), (768, 768), (768, 3072), (3072, 768)]:
         tiles = fused.layer_tiles(1, K, N, dtype)
-        assert tiles["block_k"] >= K and tiles["block_n"] == (8 if f32 and K > 1024 else 16)
+        on_gpu = 4 if K > 1024 else 8  # the interpreter's: ~4 column tiles
+        want = max(on_gpu, fused.triton.next_power_of_2(-(-N // 4))) if fused.INTERPRET else on_gpu
+        assert tiles["block_k"] >= K and tiles["block_n"] == want
         assert fused.gemv_tiles(1, K, N, torch.device(DEVICE), block_n=tiles["block_n"],
                                 block_k=tiles["block_k"], dtype=dtype)[3] == 1  # split 1
         assert fused.layer_tiles(32, K, N, dtype) == {}
-    assert fused.layer_tiles(1, 5120, 1280, dtype) == {}
+    assert (fused.layer_tiles(1, 16384, 4096, dtype) == {}) == f32
