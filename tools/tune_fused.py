@@ -4,6 +4,8 @@ on 20 copies of the weight, so that they are read from memory, not from L2; one 
 launch and no allocation in the time), the graph's replay timed by
 triton.testing.do_bench (median, L2 flushed before each replay), batch 1 and 32, float32 and
 bfloat16, beside cuBLAS (torch.addmm) captured alike; bandwidth is the weight's bytes over the time.
+With `defaults`, the batch-1 GEMVs that the step runs with K contiguous (`fused.step_weights`: QKV,
+c_fc, mlp.c_proj) read such copies; cuBLAS reads GPT-2's Conv1D layout, as the model does.
 Usage: python tools/tune_fused.py OUT_CSV [defaults] [SHAPE ...]   (defaults: only the library's
 tiles; SHAPE: only these of SHAPES, e.g. lm_head)"""
 import itertools
@@ -44,13 +46,16 @@ for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16
         t = fused.layer_tiles(B, K, N, dtype) if name != "lm_head" else {}
         bk, pps = fused.default_tiles(B, dtype)
         grid = [(t.get("block_n", 64), t.get("block_k", bk), pps, t.get("num_warps", 4))]
+    wk = ws  # the weights as the step reads them: at batch 1, K contiguous (fused.step_weights)
+    if DEFAULTS and B == 1 and name in ("c_attn", "c_fc", "mlp.c_proj"):
+        wk = [v.t().contiguous().t() for v in ws]
     for bn, bk, pps, warps in grid:
         need = fused.scratch_size(B, K, N, x.device, block_n=bn, block_k=bk, programs_per_sm=pps)
         scratch = (torch.empty(need, device="cuda"),
                    torch.zeros(fused.LOCKS, dtype=torch.int32, device="cuda"))
 
         def fn(i):
-            return fused.gemv(x, ws[i], b, out=out, block_n=bn, block_k=bk, programs_per_sm=pps,
+            return fused.gemv(x, wk[i], b, out=out, block_n=bn, block_k=bk, programs_per_sm=pps,
                               scratch=scratch, num_warps=warps)
         try:
             us = bench_graph(fn, CALLS)
