@@ -15,8 +15,9 @@ embedding in front of itself). At batch 1 the attention and c_proj are one kerne
 The GEMV splits K over several programs when a matrix has too few column tiles to fill the GPU; the
 last program of a column tile to finish (an atomic counter) sums the partial sums, in a fixed order,
 and applies the epilogue. At batch 1 a layer's GEMVs do not split K (`layer_tiles`): each program
-reads all of K for 8 or 16 columns, before its PDL wait, and sums it alone. LayerNorm is folded
-into the GEMV: with mean mu, 1/std r, weight g, bias beta,
+reads all of K for 4 or 8 columns, before its PDL wait, and sums it alone, from copies of the
+weights with K contiguous (`step_weights`: whole memory sectors for narrow tiles). LayerNorm is
+folded into the GEMV: with mean mu, 1/std r, weight g, bias beta,
 LN(x) @ W + b = r * (sum_k x_k g_k W_kn - mu * c_n) + d_n, where c = g @ W and d = beta @ W + b
 are computed once per model (`fold_layernorms`): no pass over x before the GEMV.
 Every kernel takes float32 or bfloat16 and accumulates in float32; at batch > 1, float32 dots run
