@@ -13,7 +13,9 @@ and the lm_head as they are; at batch 32 attn.c_proj too) get a copy of their we
 contiguous (same shape [K, N], strides (1, K)) and, at batch 1, the tiles of `kt(name)`,
 against the library's step ("default"), under the interleaved driver, prompt 16 mixed, 100
 new tokens: ms per step (`measure.measure_calls`, alternated, 10 rounds), tokens against
-model.generate and the default step. At batch 32 (gemv's own tiles) only "lib" runs, if
+model.generate and the default step. (The run in results/h200/fused/layout/ was made at commit
+c65f0f0, before the library adopted `kt_a8w4_p4w8`: there "default" read GPT-2's Conv1D layout
+with the tiles of results/h200/fused/whole_k/.) At batch 32 (gemv's own tiles) only "lib" runs, if
 named: the layout alone.
 Usage: python tools/probe_layout.py OUT_DIR [NAME ...] (default: NAMES; see `kt`)"""
 import pathlib
@@ -65,6 +67,7 @@ def kt(name):
 
 
 LAYER_TILES, GEMV, GEMV_TILES = fused.layer_tiles, fused.gemv, fused.gemv_tiles
+STEP_WEIGHTS = fused.step_weights  # (the library's copies since it adopted this probe's result)
 NAMES = ["lib", "a8w4_p4w8", "a8w8_p4w8", "a4w4_p2w4", "a8w4_p2w8", "a16w4_p4w4",
          "a4w4_p4w8"]
 
@@ -88,11 +91,16 @@ def with_layout(name):
             block_n, block_k = lm["block_n"], lm["block_k"]
         return GEMV_TILES(B, K, N, device, block_n=block_n, block_k=block_k, **kw)
 
+    def own(model, k_contiguous, out=None):  # the model's weights: `gemv` above copies them
+        return STEP_WEIGHTS(model, False)
+
     def patch():
         fused.layer_tiles, fused.gemv, fused.gemv_tiles = kt(name), gemv, gemv_tiles
+        fused.step_weights = own
 
         def undo():
             fused.layer_tiles, fused.gemv, fused.gemv_tiles = LAYER_TILES, GEMV, GEMV_TILES
+            fused.step_weights = STEP_WEIGHTS
         return undo
     return patched_step(fused.FusedStep, patch, "kt_" + name)
 
