@@ -235,17 +235,18 @@ def layer_tiles(B, K, N, dtype):
     adding them up. W with K contiguous (`step_weights`): 8 columns and 4 warps a
     program where K <= 1024, 4 columns and 8 warps above (288 programs for GPT-2's QKV
     projection, 192 for mlp.c_proj), the fastest measured on an H200
-    (results/h200/fused/layout/); under the CPU interpreter, which pays per program, at
-    most ~4 column tiles, as `gemv_tiles` has. A tile over 128 KB (K padded to a power of
-    two; larger models than GPT-2's) and batch > 1: {}, gemv's own tiles, split."""
+    (results/h200/fused/layout/); under the CPU interpreter, which pays per program,
+    at most ~4 column tiles, as `gemv_tiles` has. A tile over 128 KB (K padded to a
+    power of two; larger models than GPT-2's) and batch > 1: {}, gemv's own tiles,
+    split."""
     whole_k = triton.next_power_of_2(K)
     if K <= 1024:
         tiles = dict(block_k=whole_k, block_n=8, num_warps=4)
     else:
         tiles = dict(block_k=whole_k, block_n=4, num_warps=8)
     tile_bytes = whole_k * tiles["block_n"] * (4 if dtype == torch.float32 else 2)
-    if INTERPRET:
-        tiles["block_n"] = max(tiles["block_n"], triton.next_power_of_2(triton.cdiv(N, 4)))
+    if INTERPRET:  # ~4 column tiles
+        tiles["block_n"] = max(tiles["block_n"], triton.next_power_of_2(N // 4))
     return tiles if B == 1 and tile_bytes <= 128 * 1024 else {}
 
 
@@ -349,15 +350,16 @@ def _each(folds):
 
 
 def step_weights(model, k_contiguous, out=None):
-    """Per block, the weights [K, N] of c_attn, c_fc and mlp.c_proj as the step's GEMVs
-    read them. k_contiguous=True (the step at batch 1): copies with K contiguous (strides
-    (1, K), as the lm_head's [V, E] is read). A program of a few columns then reads whole
-    memory sectors, so a projection can have many programs with few bytes each
-    (`layer_tiles`); GPT-2's Conv1D keeps N contiguous, where 8 bfloat16 columns use half
-    of each 32-byte sector. The copies take as much memory as those weights.
-    False (at batch > 1, where tl.dot reads them faster as they are): the model's own
-    tensors. `out`: the earlier copies, written again in place (their addresses are in
-    the captured graphs)."""
+    """Per block, the weights [K, N] of c_attn, c_fc and mlp.c_proj as the step's
+    GEMVs read them. k_contiguous=True (the step at batch 1): copies with K
+    contiguous (strides (1, K), as the lm_head's [V, E] is read). A program of a
+    few columns then reads whole memory sectors, so a projection can have many
+    programs with few bytes each (`layer_tiles`); GPT-2's Conv1D keeps N
+    contiguous, where 8 bfloat16 columns use half of each 32-byte sector. The
+    copies take as much memory as those weights. False (at batch > 1, where
+    tl.dot reads them faster as they are): the model's own tensors. `out`: the
+    earlier copies, written again in place (their addresses are in the captured
+    graphs)."""
     blocks = [(b.attn.c_attn.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)
               for b in model.transformer.h]
     if not k_contiguous:
@@ -720,7 +722,7 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False,
     def tiles(w):  # a layer GEMV's tiles for x @ w
         return layer_tiles(h.shape[0], *w.shape, w.dtype)
     embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, into h
-    weights = weights or step_weights(model, k_contiguous=False)        # the model's own
+    weights = weights or step_weights(model, k_contiguous=False)  # the model's own
     for block, layer, (ln_1, ln_2), (w_qkv, w_fc, w_proj) in zip(tr.h, cache.layers,
                                                                   folds[0], weights):
         at, mlp = block.attn, block.mlp

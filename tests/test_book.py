@@ -88,6 +88,9 @@ LESSONS = [
     ("09_fused", "at batch 1, GEMVs that read all of K as one tile make the step faster than the "
      "split, in both dtypes", lambda r: r["ch9_whole_k_saved_float32"] > 0.05
      and r["ch9_whole_k_saved_bfloat16"] > 0.05),
+    ("09_fused", "at batch 1, weights with K contiguous in narrower tiles make the step faster "
+     "in both dtypes", lambda r: r["ch9_layout_saved_float32"] > 0.01
+     and r["ch9_layout_saved_bfloat16"] > 0.03),
     ("09_fused", "a kernel's hand-off costs over 2 us with no bytes; a grid barrier under half",
      lambda r: r["ch9_handoff_us_pdl"] > 2 and r["ch9_barrier_us"] < r["ch9_handoff_us_pdl"] / 2),
     ("09_fused", "an unsplit GEMV hands off in under half a split one's time; spinning on a count "

@@ -596,7 +596,7 @@ def test_layer_tiles_whole_k_at_batch_1_only_where_the_tile_fits(dtype):
     for K, N in [(768, 2304), (768, 768), (768, 3072), (3072, 768)]:
         tiles = fused.layer_tiles(1, K, N, dtype)
         on_gpu = 4 if K > 1024 else 8  # the interpreter's: ~4 column tiles
-        want = max(on_gpu, fused.triton.next_power_of_2(-(-N // 4))) if fused.INTERPRET else on_gpu
+        want = max(on_gpu, fused.triton.next_power_of_2(N // 4)) if fused.INTERPRET else on_gpu
         assert tiles["block_k"] >= K and tiles["block_n"] == want
         assert fused.gemv_tiles(1, K, N, torch.device(DEVICE), block_n=tiles["block_n"],
                                 block_k=tiles["block_k"], dtype=dtype)[3] == 1  # split 1
