@@ -120,6 +120,18 @@ def test_saved_outputs_show_the_lesson(stem, lesson, check):
     assert check(r), f"{stem}: the saved outputs contradict '{lesson}': {r}"
 
 
+def test_chapter_9_token_check_has_rows_that_stop_apart():
+    # the fused step is checked with early stopping: rows stop at different steps, one never, and
+    # the tokens are model.generate's
+    text = "".join("".join(o.get("text", "")) for c in cells(ROOT / "notebooks/09_fused.ipynb")
+                   for o in c.get("outputs", []))
+    m = re.search(r"steps at which rows stop \(None: never\): \[(.*?)\]", text)
+    assert m, "chapter 9's token check printed no stops"
+    stops = [s.strip() for s in m.group(1).split(",")]
+    assert len(set(stops) - {"None"}) >= 2 and "None" in stops, stops
+    assert "equal to model.generate: True" in text
+
+
 @pytest.mark.parametrize("path", current(NOTEBOOKS))
 def test_no_warning_or_traceback_in_outputs(path):
     for i, c in enumerate(cells(path)):
