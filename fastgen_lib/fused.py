@@ -28,7 +28,6 @@ they wait (`gdc_wait`) for the kernel ahead.
 Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU tensors (the
 tests), with IEEE dots and no PDL.
 """
-import itertools
 import math
 import os
 
@@ -53,29 +52,16 @@ def _weight_tile(w_ptr, ks, cols, k_hi, col_ok, stride_wk, stride_wn):
 
 
 @triton.jit
-def _prefetch_l2(pf_ptr, pf_lines, LINES: tl.constexpr):
-    """This program's share of pf_lines 128-byte lines at pf_ptr (uint8) brought into L2
-    (`prefetch.global.L2`: nothing waits for them): LINES lines each, in program order."""
-    pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) \
-        + tl.program_id(0)
-    lines = tl.minimum(pid * LINES + tl.arange(0, LINES), pf_lines - 1)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                              [pf_ptr + lines.to(tl.int64) * 128], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock_ptr,
                  k_ptr, v_ptr, col_ptr, emb_ptr, pe_ptr, tok_ptr, pos_ptr, top_ptr, top_i_ptr,
-                 pf_ptr, pf_lines, B, K, N, eps, D,
+                 B, K, N, eps, D,
                  stride_xb, stride_wk, stride_wn, stride_yb, stride_rb,
                  stride_cb, stride_ch, stride_cs, stride_eb, stride_tb, stride_pb,
                  LN: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
                  QKV: tl.constexpr, EMBED: tl.constexpr, ARGMAX: tl.constexpr,
                  SPLIT: tl.constexpr, K_CHUNK: tl.constexpr, ONE_TILE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT_F32: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-                 PF_LINES: tl.constexpr):
+                 DOT_F32: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     # x [B, K] @ W [K, N] (any strides: Conv1D's [in, out], or lm_head's [out, in] transposed).
     # Program (n, s, m): rows m*BLOCK_M.., columns n*BLOCK_N.., and the s-th K_CHUNK rows of W.
     pid_n = tl.program_id(0)
@@ -99,8 +85,6 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
     # the first tile of W, read while the kernel ahead may still run (with PDL)
     w_next = _weight_tile(w_ptr, k_lo + tl.arange(0, BLOCK_K), cols, k_hi, col_ok,
                           stride_wk, stride_wn)
-    if PF_LINES > 0:  # a later kernel's weights into L2
-        _prefetch_l2(pf_ptr, pf_lines, PF_LINES)
     if PDL:  # the weights do not depend on the kernel ahead; x does: wait for it to finish
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()  # the kernel after may start on its weights
@@ -275,7 +259,7 @@ def scratch_size(B, K, N, device, **tiles):
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
          argmax=None, out=None, scratch=None, block_n=None, block_k=None,
-         programs_per_sm=None, split=None, num_warps=4, pdl=False, prefetch=None):
+         programs_per_sm=None, split=None, num_warps=4, pdl=False):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
     ln=(g, c, d, eps): x is LayerNorm'd first (weight g [K]), folded in: c = g @ weight and
@@ -288,8 +272,7 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     [LOCKS], buffers for the split, made per call when None. pdl=True: launched as a programmatic
     dependent launch (`supports_pdl`): the kernel reads its first weight tile while the kernel
     ahead of it in the stream finishes. block_n, block_k, programs_per_sm, split: the tiles
-    (`gemv_tiles`), num_warps: per program. prefetch: a contiguous tensor (a later kernel's
-    weight) that the programs bring into L2 before they wait, each its share (`l2_share`)."""
+    (`gemv_tiles`), num_warps: per program."""
     B, K = x.shape
     K2, N = weight.shape
     assert K == K2 and bias.shape == (N,), (x.shape, weight.shape, bias.shape)
@@ -318,10 +301,9 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     top, top_i = argmax if argmax is not None else (y, locks)
     assert argmax is None or top.shape == top_i.shape == (B, triton.cdiv(N, bn))
     grid = (triton.cdiv(N, bn), split, triton.cdiv(B, bm))
-    pf, pf_lines, pf_each = l2_share(prefetch, grid, y)
     _gemv_kernel[grid](
         x, weight, d if ln is not None else bias, y, g, c, r, part, locks, keys, values, col,
-        wte, wpe, tok, pos, top, top_i, pf, pf_lines,
+        wte, wpe, tok, pos, top, top_i,
         B, K, N, eps, D,
         x.stride(0), weight.stride(0), weight.stride(1), y.stride(0), r.stride(0),
         keys.stride(0), keys.stride(1) if qkv is not None else 0,
@@ -332,22 +314,8 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         DOT_F32=INTERPRET and weight.dtype != torch.float32,
         PRECISION="tf32x3" if weight.dtype == torch.float32 and not INTERPRET else "ieee",
-        PDL=pdl, PF_LINES=pf_each, num_warps=num_warps,
-        **({"launch_pdl": True} if pdl else {}))
+        PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
     return y
-
-
-def l2_share(tensor, grid, dummy):
-    """(bytes, lines, lines per program) for `_prefetch_l2`: `tensor` (contiguous, or None:
-    nothing) as uint8, its 128-byte lines, and each of the grid's programs' share (a power
-    of two). Not under the CPU interpreter (inline PTX)."""
-    if tensor is None:
-        return dummy, 1, 0
-    assert tensor.is_contiguous() and not INTERPRET, "prefetch: a contiguous tensor, on a GPU"
-    lines = triton.cdiv(tensor.numel() * tensor.element_size(), 128)
-    programs = grid[0] * grid[1] * grid[2]
-    return tensor.view(-1).view(torch.uint8), lines, triton.next_power_of_2(
-        triton.cdiv(lines, programs))
 
 
 def fold_layernorm(ln, weight, bias=None):
@@ -546,11 +514,11 @@ def _softmax_block(q, k, v, keep, scale, m_i, l_i, acc):
 
 @triton.jit
 def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_ptr, col_ptr,
-                           part_ptr, lock_ptr, pf_ptr, pf_lines, B, H, D, N, scale,
+                           part_ptr, lock_ptr, B, H, D, N, scale,
                            stride_qb, stride_kb, stride_kh, stride_ks, stride_mb,
                            stride_wk, stride_wn, stride_rb, stride_yb,
                            BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_N: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr):
+                           BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     # y [B, N] = attention(q, K, V) [B, H*D] @ W [H*D, N] + bias + r. Head h's output
     # meets only rows h*D.. of W: program (n, h, b) attends with head h of row b over
     # slots 0..col, then multiplies by its D rows of W, columns n*BLOCK_N..: one of H
@@ -570,8 +538,6 @@ def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_pt
     old = (ss < n_keys - 1)[:, None] & d_ok[None, :]
     k = tl.load(k_ptr + kv, mask=old, other=0.0)
     v = tl.load(v_ptr + kv, mask=old, other=0.0)
-    if PF_LINES > 0:  # a later kernel's weights into L2
-        _prefetch_l2(pf_ptr, pf_lines, PF_LINES)
     if PDL:  # q and column `col` of the cache come from the QKV GEMV ahead
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -609,15 +575,14 @@ def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_pt
 
 
 def attention_proj(q, keys, values, mask, col, weight, bias, residual, out=None,
-                   scratch=None, block_n=64, block_s=128, num_warps=4, pdl=False,
-                   prefetch=None):
+                   scratch=None, block_n=64, block_s=128, num_warps=4, pdl=False):
     """attention(q, keys, values, mask, col) @ weight [H*D, N] + bias [N] + residual [B, N]
     in one kernel (into `out`, which may be `residual` itself): the step's attention and
     out-projection at batch 1. Each of the N/block_n column tiles attends again (H
     programs each): more reads of the cache, one kernel and one round trip through memory
     fewer. The slots before `col` are read before the PDL wait, as with
     `attention(early_kv=True)`. scratch: as `gemv`'s, float32 [>= H*B*N] and int32 zeros
-    [>= B*N/block_n]. prefetch: as `gemv`'s."""
+    [>= B*N/block_n]."""
     B, H, S, D = keys.shape
     K, N = weight.shape
     assert q.shape == (B, H * D) == (B, K) and values.shape == keys.shape, (q.shape, K)
@@ -633,14 +598,12 @@ def attention_proj(q, keys, values, mask, col, weight, bias, residual, out=None,
         scratch = (torch.empty(H * B * N, dtype=torch.float32, device=q.device),
                    torch.zeros(B * tiles, dtype=torch.int32, device=q.device))
     assert scratch[0].numel() >= H * B * N and scratch[1].numel() >= B * tiles
-    pf, pf_lines, pf_each = l2_share(prefetch, (tiles, H, B), y)
     _attention_proj_kernel[(tiles, H, B)](
-        q, keys, values, mask, weight, bias, residual, y, col, *scratch, pf, pf_lines,
-        B, H, D, N,
+        q, keys, values, mask, weight, bias, residual, y, col, *scratch, B, H, D, N,
         D ** -0.5, q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         mask.stride(0), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         BLOCK_S=min(block_s, triton.next_power_of_2(S)), BLOCK_D=triton.next_power_of_2(D),
-        BLOCK_N=block_n, PDL=pdl, PF_LINES=pf_each, num_warps=num_warps,
+        BLOCK_N=block_n, PDL=pdl, num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}))
     return y
 
@@ -742,7 +705,7 @@ class Buffers:
 
 @torch.no_grad()
 def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False,
-                  weights=None, prefetch=0):
+                  weights=None):
     """One decode step of GPT2LMHeadModel with the fused kernels: tok [B, 1] token ids
     at column `col` (0-d tensor), step_pos [B, 1] their position ids, mask [B, L] the
     attention mask over all L slots of the prefilled StaticCache `cache`; `folds` from
@@ -751,64 +714,45 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False,
     `steps.forward(model, tok, mask, step_pos, cache)`, and their per-tile maxima
     (buf.top, buf.top_i). The cache's own counters are not advanced: `col` is the step's
     column. pdl=True: each kernel after the first starts as the one ahead finishes.
-    weights: `step_weights` (None: the model's own). prefetch=d > 0 (batch 1): each
-    kernel brings the weights of the d-th kernel after it into L2 (`l2_ahead`)."""
+    weights: `step_weights` (None: the model's own)."""
     tr = model.transformer
     h, q, a, m = buf.h, buf.q, buf.a, buf.m
     kw = dict(scratch=buf.scratch, pdl=pdl)
-    weights = weights or step_weights(model, k_contiguous=False)  # the model's own
-    assert not prefetch or h.shape[0] == 1, "prefetch: at batch 1 (4 kernels a layer)"
-    ahead = iter(l2_ahead(model, weights, prefetch)) if prefetch else itertools.repeat(None)
 
     def tiles(w):  # a layer GEMV's tiles for x @ w
         return layer_tiles(h.shape[0], *w.shape, w.dtype)
     embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, into h
+    weights = weights or step_weights(model, k_contiguous=False)  # the model's own
     for block, layer, (ln_1, ln_2), (w_qkv, w_fc, w_proj) in zip(tr.h, cache.layers,
                                                                   folds[0], weights):
         at, mlp = block.attn, block.mlp
-        gemv(h, w_qkv, at.c_attn.bias, ln=ln_1, embed=embed, out=q, prefetch=next(ahead),
+        gemv(h, w_qkv, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
              qkv=(layer.keys, layer.values, col), **kw, **tiles(w_qkv))  # q [B, E]
         embed = None
         if h.shape[0] == 1:  # one kernel: each head's output is a slice of c_proj's K
             attention_proj(q, layer.keys, layer.values, mask, col, at.c_proj.weight,
-                           at.c_proj.bias, h, out=h, prefetch=next(ahead), **kw)
+                           at.c_proj.bias, h, out=h, **kw)
         else:
             attention(q, layer.keys, layer.values, mask, col, out=a, early_kv=True,
                       **kw)
             gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw,
                  **tiles(at.c_proj.weight))
-        gemv(h, w_fc, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, prefetch=next(ahead),
-             **kw, **tiles(w_fc))
-        gemv(m, w_proj, mlp.c_proj.bias, residual=h, out=h, prefetch=next(ahead), **kw,
-             **tiles(w_proj))
+        gemv(h, w_fc, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw, **tiles(w_fc))
+        gemv(m, w_proj, mlp.c_proj.bias, residual=h, out=h, **kw, **tiles(w_proj))
     lm_head = model.lm_head.weight.t()                                  # [E, V] view
     return gemv(h, lm_head, folds[1][2], ln=folds[1], out=buf.logits,
-                argmax=(buf.top, buf.top_i), prefetch=next(ahead), **kw)
-
-
-def l2_ahead(model, weights, d, most=8 << 20):
-    """For each kernel of the batch-1 step (4 a layer, then the lm_head), the weight of
-    the d-th kernel after it, cyclically (the lm_head's next are the next step's), flat
-    and contiguous, at most `most` bytes of it (the lm_head's is larger than L2)."""
-    flat = []
-    for block, (w_qkv, w_fc, w_proj) in zip(model.transformer.h, weights):
-        flat += [w_qkv, block.attn.c_proj.weight, w_fc, w_proj]
-    flat.append(model.lm_head.weight)
-    flat = [(w if w.is_contiguous() else w.t()).reshape(-1) for w in flat]
-    flat = [w[:most // w.element_size()] for w in flat]
-    return [flat[(i + d) % len(flat)] for i in range(len(flat))]
+                argmax=(buf.top, buf.top_i), **kw)
 
 
 # --- the step backend on the seam (steps.GraphStep with this forward) ----------------------------------------
 
 def fused_decode_step(model, folds, buf, cache, chooser, tok, step_pos, mask, col, finished,
-                      out, done, pdl=False, weights=None, prefetch=0):
+                      out, done, pdl=False, weights=None):
     """`steps.decode_step` with `fused_forward` in place of the model's forward: the next token into
     `out` at column col + 1 and into `tok`, the position and the column advanced, `done` set. Greedy
     decoding chooses in one kernel (`greedy_tail`); sampling through `steps.choose`. In place only,
-    so it replays as a CUDA graph. weights, prefetch: as `fused_forward`'s."""
-    logits = fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl, weights,
-                           prefetch)
+    so it replays as a CUDA graph. weights: as `fused_forward`'s."""
+    logits = fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl, weights)
     if not chooser.do_sample:
         return greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, buf.scratch[1],
                            tiles=(buf.top, buf.top_i), pdl=pdl)
@@ -836,11 +780,9 @@ def supports_pdl(device):
 class FusedStep(GraphStep):
     """A GraphStep whose step is `fused_decode_step`: the same buffers, StaticCache, eager prefill,
     warm-up and one CUDA graph per flag slot; any stop driver drives it. GPT-2 only (GPT2LMHeadModel).
-    pdl: the kernels as programmatic dependent launches; None: where the GPU has them.
-    prefetch: `fused_forward`'s (0: none)."""
+    pdl: the kernels as programmatic dependent launches; None: where the GPU has them."""
 
     pdl = None
-    prefetch = 0
 
     def __init__(self, model, batch, length, gen):
         cfg = model.config
@@ -872,4 +814,4 @@ class FusedStep(GraphStep):
     def run(self, slot):
         fused_decode_step(self.model, self.folds, self.buf, self.cache, self.chooser, self.tok,
                           self.step_pos, self.mask, self.col, self.finished, self.out,
-                          self.done[slot], self.pdl, self.weights, self.prefetch)
+                          self.done[slot], self.pdl, self.weights)

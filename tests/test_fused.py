@@ -602,30 +602,3 @@ def test_layer_tiles_whole_k_at_batch_1_only_where_the_tile_fits(dtype):
                                 block_k=tiles["block_k"], dtype=dtype)[3] == 1  # split 1
         assert fused.layer_tiles(32, K, N, dtype) == {}
     assert (fused.layer_tiles(1, 16384, 4096, dtype) == {}) == f32
-
-
-def test_l2_ahead_names_the_dth_kernels_weight_cyclically_capped():
-    # fused_forward(prefetch=d) at batch 1: kernel i (QKV, attention + c_proj, c_fc, mlp.c_proj per
-    # layer, then the lm_head) brings kernel i+d's weight into L2, the lm_head's next being the
-    # next step's first; each flat and contiguous (the K-contiguous copies as stored), capped
-    model = fg.load_model("tiny", device=DEVICE)
-    weights = fused.step_weights(model, k_contiguous=True)
-    order = [w for block, (q, fc, proj) in zip(model.transformer.h, weights)
-             for w in (q, block.attn.c_proj.weight, fc, proj)] + [model.lm_head.weight]
-    assert len(order) == 4 * model.config.n_layer + 1
-    for d in (1, 2):
-        got = fused.l2_ahead(model, weights, d)
-        assert len(got) == len(order)
-        for i, g in enumerate(got):
-            w = order[(i + d) % len(order)]
-            assert g.is_contiguous() and g.dim() == 1 and g.data_ptr() == w.data_ptr()
-            assert g.numel() == min(w.numel(), (8 << 20) // w.element_size())
-    small = fused.l2_ahead(model, weights, 1, most=256)
-    assert all(g.numel() * g.element_size() <= 256 for g in small)
-
-
-def test_prefetch_needs_a_gpu_and_batch_1():
-    # prefetch is inline PTX: under the CPU interpreter gemv refuses it with a clear message
-    x, w, b = torch.randn(1, 8), torch.randn(8, 16), torch.randn(16)
-    with pytest.raises(AssertionError, match="on a GPU"):
-        fused.gemv(x, w, b, prefetch=torch.randn(64))

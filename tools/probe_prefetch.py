@@ -5,6 +5,9 @@ after it, `prefetch.global.L2`, before its PDL wait), so that kernel reads them 
 `FusedStep` as it is (`library`) against d = 1 and 2 (`ahead1`, `ahead2`), under the interleaved
 driver, prompt 16 mixed, 100 new tokens, float32 and bfloat16, batch 1: ms per step
 (`measure.measure_calls`, alternated, 10 rounds), tokens against model.generate's.
+The prefetch is not in the library: apply `results/h200/fused/prefetch/prefetch.patch` first
+(`patch -p1 < ...`, from the repo root; it adds `prefetch=` to `gemv`, `attention_proj` and
+`fused_forward`, and two CPU tests).
 Usage: python tools/probe_prefetch.py OUT_DIR"""
 import pathlib
 import sys
