@@ -3,19 +3,15 @@ columns as the MMA's rows), to be timed on the H200 against `fused.gemv`. Its su
 x @ W + b whatever the tiles: columns and K not multiples of the tile, K split or not, and
 again on the same counters (each column tile's last program resets its own). Without CUDA it
 runs under Triton's CPU interpreter (tests/conftest.py), with IEEE dots."""
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="triton is not installed: the fused kernels need it")
-
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("probe_b32_swap",
-                                              ROOT / "tools" / "probe_b32_swap.py")
-probe = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(probe)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the probes' imports
+import probe_b32_swap as probe  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
