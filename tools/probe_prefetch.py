@@ -9,6 +9,7 @@ The prefetch is not in the library: apply `results/h200/fused/prefetch/prefetch.
 (`patch -p1 < ...`, from the repo root; it adds `prefetch=` to `gemv`, `attention_proj` and
 `fused_forward`, and two CPU tests).
 Usage: python tools/probe_prefetch.py OUT_DIR"""
+import inspect
 import pathlib
 import sys
 
@@ -24,6 +25,8 @@ def ahead(d):
 
 
 def main(out):
+    if "prefetch" not in inspect.signature(fused.fused_forward).parameters:
+        sys.exit("apply results/h200/fused/prefetch/prefetch.patch first (patch -p1 < ...)")
     out.mkdir(parents=True, exist_ok=True)
     steps = {"library": fused.FusedStep} | {f"ahead{d}": ahead(d) for d in (1, 2)}
     compare_steps(steps, (torch.bfloat16, torch.float32), (1,), "step",
