@@ -51,8 +51,7 @@ def main(out):
     if not hasattr(fused, "head_tiles"):
         sys.exit("apply results/h200/fused/head_tiles/head_tiles.patch first (fused.head_tiles)")
     out.mkdir(parents=True, exist_ok=True)
-    rows, steps = [], {"library": fused.FusedStep}
-    best = {}
+    rows, best = [], {}
     for dtype in (torch.float32, torch.bfloat16):
         tag = str(dtype)[6:]
         lib = fused.gemv_tiles(B, E, V, torch.device("cuda"), dtype=dtype)

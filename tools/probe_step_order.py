@@ -38,7 +38,7 @@ def step_kernels(iv, batch, layers):
     steps = traces.step_spans(iv)
     rows = []
     want = layers * len(ROLES[batch]) + 2
-    for s, (c, g) in enumerate(iv.groupby("correlation", sort=False)):
+    for c, g in iv.groupby("correlation", sort=False):
         if len(g) != want:
             continue
         g = g.sort_values("start_us")
