@@ -52,13 +52,14 @@ def _weight_tile(w_ptr, ks, cols, k_hi, col_ok, stride_wk, stride_wn):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock_ptr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock_ptr, st_ptr,
                  k_ptr, v_ptr, col_ptr, emb_ptr, pe_ptr, tok_ptr, pos_ptr, top_ptr, top_i_ptr,
                  B, K, N, eps, D,
                  stride_xb, stride_wk, stride_wn, stride_yb, stride_rb,
                  stride_cb, stride_ch, stride_cs, stride_eb, stride_tb, stride_pb,
                  LN: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
                  QKV: tl.constexpr, EMBED: tl.constexpr, ARGMAX: tl.constexpr,
+                 STATS_IN: tl.constexpr, STATS_OUT: tl.constexpr,
                  SPLIT: tl.constexpr, K_CHUNK: tl.constexpr, ONE_TILE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT_F32: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
@@ -109,8 +110,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             x = tl.load(x_rows + ks[None, :], mask=x_ok, other=0.0)
         if LN:  # x * g here; the mean and 1/std are applied once, after the sum over K
             xf = x.to(tl.float32)
-            s1 += xf
-            s2 += xf * xf
+            if STATS_IN == 0:  # (else the GEMV ahead summed x, as it wrote it)
+                s1 += xf
+                s2 += xf * xf
             g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
             x = (xf * g[None, :]).to(w_ptr.dtype.element_ty)
         if BLOCK_M == 1:  # one row: a broadcast multiply, no padded dot, no reduction yet
@@ -126,7 +128,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             acc = tl.dot(x, w, acc, input_precision=PRECISION)           # [BLOCK_M, BLOCK_N]
     if BLOCK_M == 1 and not ONE_TILE:
         acc = tl.sum(acc1, axis=0)[None, :]  # across threads, once
-    if LN:
+    if LN and STATS_IN == 0:
         sum1 = tl.sum(s1, axis=1)                                        # [BLOCK_M]
         sum2 = tl.sum(s2, axis=1)
 
@@ -136,7 +138,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
         part = part_ptr + rows[:, None] * N + cols[None, :]
         stat = part_ptr + SPLIT * B * N + (pid_n * SPLIT * B + rows) * 2  # [BLOCK_M]
         tl.store(part + pid_s * B * N, acc, mask=out_ok)
-        if LN:
+        if LN and STATS_IN == 0:
             tl.store(stat + pid_s * B * 2, sum1, mask=row_ok)
             tl.store(stat + pid_s * B * 2 + 1, sum2, mask=row_ok)
         tl.debug_barrier()  # every thread's store is issued before the counter moves
@@ -150,13 +152,19 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             for s in tl.static_range(SPLIT):  # fixed order, whoever came last; unrolled
                 acc += tl.load(part + s * B * N, mask=out_ok, other=0.0,
                                cache_modifier=".cg")  # (from L2: written by other SMs)
-                if LN:
+                if LN and STATS_IN == 0:
                     sum1 += tl.load(stat + s * B * 2, mask=row_ok, other=0.0,
                                     cache_modifier=".cg")
                     sum2 += tl.load(stat + s * B * 2 + 1, mask=row_ok, other=0.0,
                                     cache_modifier=".cg")
             tl.atomic_xchg(lock, 0)  # ready for the next kernel
         if LN:  # LN(x) @ W + b = r (x*g @ W - mu c) + d; c = g @ W, d = beta @ W + b
+            if STATS_IN > 0:  # x's sums from the GEMV ahead: a pair per its column tile
+                sum1 = tl.zeros([BLOCK_M], dtype=tl.float32)
+                sum2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+                for t in tl.static_range(STATS_IN):
+                    sum1 += tl.load(st_ptr + (t * B + rows) * 2, mask=row_ok, other=0.0)
+                    sum2 += tl.load(st_ptr + (t * B + rows) * 2 + 1, mask=row_ok, other=0.0)
             mean = sum1 / K
             rstd = 1.0 / tl.sqrt(tl.maximum(sum2 / K - mean * mean, 0.0) + eps)
             c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)
@@ -168,6 +176,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             r = tl.load(r_ptr + rows[:, None] * stride_rb + cols[None, :], mask=out_ok, other=0.0)
             acc += r.to(tl.float32)
         out = acc.to(y_ptr.dtype.element_ty)
+        if STATS_OUT:  # the next LayerNorm's sums of y as stored, over this tile's columns
+            yf = tl.where(out_ok, out.to(tl.float32), 0.0)
+            tl.store(st_ptr + (pid_n * B + rows) * 2, tl.sum(yf, axis=1), mask=row_ok)
+            tl.store(st_ptr + (pid_n * B + rows) * 2 + 1, tl.sum(yf * yf, axis=1), mask=row_ok)
         if QKV:  # columns [q | k | v], E each: q into y [B, E], k and v into the cache at `col`
             E = N // 3
             part_ix = cols // E                                          # 0 q, 1 k, 2 v
@@ -250,6 +262,20 @@ def layer_tiles(B, K, N, dtype):
     return tiles if B == 1 and tile_bytes <= 128 * 1024 else {}
 
 
+def head_tiles(B, dtype):
+    """`gemv`'s tiles for the step's lm_head (ln_f folded in, each tile's argmax after).
+    At batch > 1, a 16-row tile of K in float32 and 32 rows by 128 columns in bfloat16:
+    gemv's own (32 and 128 rows) hold up to 255 registers a thread with LayerNorm and
+    argmax, two programs an SM, and take 133 and 72 µs at batch 32 on an H200 against
+    97 and 36 (results/h200/fused/head_tiles/). At batch 1: {}, gemv's own."""
+    if B == 1:
+        return {}
+    if INTERPRET:  # gemv's ~4 column tiles (the CPU interpreter pays per program)
+        return dict(block_k=16 if dtype == torch.float32 else 32)
+    return dict(block_k=16, block_n=64) if dtype == torch.float32 else \
+        dict(block_k=32, block_n=128)
+
+
 def scratch_size(B, K, N, device, **tiles):
     """Floats of split-K scratch that `gemv` needs for x [B, K] @ W [K, N] (`tiles`: as
     `gemv_tiles`'): the partial sums and, per column tile, the partial LayerNorm sums."""
@@ -258,7 +284,8 @@ def scratch_size(B, K, N, device, **tiles):
 
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
-         argmax=None, out=None, scratch=None, block_n=None, block_k=None,
+         argmax=None, stats_out=None, ln_stats=None, out=None, scratch=None, block_n=None,
+         block_k=None,
          programs_per_sm=None, split=None, num_warps=4, pdl=False):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
@@ -268,7 +295,9 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     the cache [B, H, L, D] at column `col` (a 0-d tensor).
     embed=(wte, wpe, tok, pos): x is wte[tok] + wpe[pos] (tok, pos [B, 1]), also written into x.
     argmax=(top, top_i) float32 and int32 [B, tiles] (`gemv_tiles`): each row's largest value per
-    column tile and its first column. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
+    column tile and its first column. stats_out: float32 [tiles, B, 2], each row's sum and sum
+    of squares of the result over each column tile: for the next GEMV's LayerNorm, given as its
+    ln_stats (with ln): x's sums are then not taken in its loop. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
     [LOCKS], buffers for the split, made per call when None. pdl=True: launched as a programmatic
     dependent launch (`supports_pdl`): the kernel reads its first weight tile while the kernel
     ahead of it in the stream finishes. block_n, block_k, programs_per_sm, split: the tiles
@@ -299,10 +328,17 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     wte, wpe, tok, pos = embed if embed is not None else (y, y, locks, locks)
     assert embed is None or wte.stride() == wpe.stride()
     top, top_i = argmax if argmax is not None else (y, locks)
+    assert stats_out is None or (stats_out.shape == (triton.cdiv(N, bn), B, 2)
+                                 and stats_out.is_contiguous() and qkv is None
+                                 and ln_stats is None)
+    assert ln_stats is None or (ln is not None and ln_stats.shape[1:] == (B, 2)
+                                and ln_stats.is_contiguous())
+    stats = stats_out if stats_out is not None else ln_stats
     assert argmax is None or top.shape == top_i.shape == (B, triton.cdiv(N, bn))
     grid = (triton.cdiv(N, bn), split, triton.cdiv(B, bm))
     _gemv_kernel[grid](
-        x, weight, d if ln is not None else bias, y, g, c, r, part, locks, keys, values, col,
+        x, weight, d if ln is not None else bias, y, g, c, r, part, locks,
+        stats if stats is not None else part, keys, values, col,
         wte, wpe, tok, pos, top, top_i,
         B, K, N, eps, D,
         x.stride(0), weight.stride(0), weight.stride(1), y.stride(0), r.stride(0),
@@ -310,6 +346,8 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
         keys.stride(2) if qkv is not None else 0, wte.stride(0), tok.stride(0), pos.stride(0),
         LN=ln is not None, GELU=gelu, RESIDUAL=residual is not None, QKV=qkv is not None,
         EMBED=embed is not None, ARGMAX=argmax is not None,
+        STATS_IN=ln_stats.shape[0] if ln_stats is not None else 0,
+        STATS_OUT=stats_out is not None,
         SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=bm == 1 and k_chunk == bk,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         DOT_F32=INTERPRET and weight.dtype != torch.float32,
@@ -678,8 +716,9 @@ def greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, locks,
 class Buffers:
     """What a fused step writes besides the cache, made once per (model, batch, cache length): the
     residual stream h [B, E], q and the attention output [B, E], the MLP's hidden [B, 4E], the
-    logits [B, V] float32 and their per-tile maxima, and the scratch of the split kernels (partial
-    sums, counters), large enough for gemv's own split tiles too (the probes run them)."""
+    logits [B, V] float32 and their per-tile maxima, the scratch of the split kernels (partial
+    sums, counters), large enough for gemv's own split tiles too (the probes run them), and at
+    batch > 1 h's sums for the LayerNorms (`stats`: None at batch 1)."""
 
     def __init__(self, model, batch, length):
         E, V, H = model.config.n_embd, model.config.vocab_size, model.config.n_head
@@ -687,9 +726,12 @@ class Buffers:
         self.h, self.q, self.a = (torch.empty(batch, E, dtype=dt, device=dev) for _ in range(3))
         self.m = torch.empty(batch, 4 * E, dtype=dt, device=dev)
         self.logits = torch.empty(batch, V, dtype=torch.float32, device=dev)
-        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev)[1])  # lm_head's column tiles
+        head = head_tiles(batch, dt)
+        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev, **head)[1])  # lm_head's
         self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
         self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
+        tiles = triton.cdiv(E, gemv_tiles(batch, E, E, dev, dtype=dt)[1])  # c_proj's
+        self.stats = torch.empty(tiles, batch, 2, device=dev) if batch > 1 else None
 
         def split(K, N):  # floats of scratch for x @ W [K, N] with its layer tiles or gemv's
             t = layer_tiles(batch, K, N, dt)
@@ -697,6 +739,7 @@ class Buffers:
             return max(scratch_size(batch, K, N, dev, dtype=dt),
                        scratch_size(batch, K, N, dev, dtype=dt, **t))
         need = max(split(K, N) for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
+        need = max(need, scratch_size(batch, E, V, dev, dtype=dt, **head_tiles(batch, dt)))
         splits = attention_blocks(length)[1]
         need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2), H * batch * E)
         self.scratch = (torch.empty(need, dtype=torch.float32, device=dev),
@@ -716,17 +759,18 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False,
     column. pdl=True: each kernel after the first starts as the one ahead finishes.
     weights: `step_weights` (None: the model's own)."""
     tr = model.transformer
-    h, q, a, m = buf.h, buf.q, buf.a, buf.m
+    h, q, a, m, stats = buf.h, buf.q, buf.a, buf.m, buf.stats
     kw = dict(scratch=buf.scratch, pdl=pdl)
 
     def tiles(w):  # a layer GEMV's tiles for x @ w
         return layer_tiles(h.shape[0], *w.shape, w.dtype)
     embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, into h
+    h_stats = None  # h's sums, by the GEMV that wrote h (layer 0: c_attn sums it)
     weights = weights or step_weights(model, k_contiguous=False)  # the model's own
     for block, layer, (ln_1, ln_2), (w_qkv, w_fc, w_proj) in zip(tr.h, cache.layers,
                                                                   folds[0], weights):
         at, mlp = block.attn, block.mlp
-        gemv(h, w_qkv, at.c_attn.bias, ln=ln_1, embed=embed, out=q,
+        gemv(h, w_qkv, at.c_attn.bias, ln=ln_1, ln_stats=h_stats, embed=embed, out=q,
              qkv=(layer.keys, layer.values, col), **kw, **tiles(w_qkv))  # q [B, E]
         embed = None
         if h.shape[0] == 1:  # one kernel: each head's output is a slice of c_proj's K
@@ -735,13 +779,17 @@ def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False,
         else:
             attention(q, layer.keys, layer.values, mask, col, out=a, early_kv=True,
                       **kw)
-            gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h, **kw,
-                 **tiles(at.c_proj.weight))
-        gemv(h, w_fc, mlp.c_fc.bias, ln=ln_2, gelu=True, out=m, **kw, **tiles(w_fc))
-        gemv(m, w_proj, mlp.c_proj.bias, residual=h, out=h, **kw, **tiles(w_proj))
+            gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h,
+                 stats_out=stats, **kw, **tiles(at.c_proj.weight))
+        gemv(h, w_fc, mlp.c_fc.bias, ln=ln_2, ln_stats=stats, gelu=True, out=m, **kw,
+             **tiles(w_fc))
+        gemv(m, w_proj, mlp.c_proj.bias, residual=h, out=h, stats_out=stats, **kw,
+             **tiles(w_proj))
+        h_stats = stats
     lm_head = model.lm_head.weight.t()                                  # [E, V] view
-    return gemv(h, lm_head, folds[1][2], ln=folds[1], out=buf.logits,
-                argmax=(buf.top, buf.top_i), **kw)
+    return gemv(h, lm_head, folds[1][2], ln=folds[1], ln_stats=stats, out=buf.logits,
+                argmax=(buf.top, buf.top_i), **kw,
+                **head_tiles(h.shape[0], lm_head.dtype))
 
 
 # --- the step backend on the seam (steps.GraphStep with this forward) ----------------------------------------

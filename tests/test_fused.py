@@ -93,6 +93,29 @@ def test_gemv_bias_residual_in_place(B, K, N, dtype, split):
     close(got, want, dtype)
 
 
+@pytest.mark.parametrize("split", SPLITS, ids=SPLIT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B", [3, 32])
+def test_gemv_sums_its_result_for_the_next_layer_norm(B, dtype, split):
+    # h += m @ W2 + b2 writes h's sums per column tile (stats_out); the GEMV after it takes
+    # LayerNorm's mean and 1/std from them (ln_stats) instead of summing h in its loop
+    K, E, N = 256, 64, 192
+    m, h, ln = rand(B, K, dtype=dtype), rand(B, E, dtype=dtype, scale=2.0) + 1, layer_norm(E, dtype)
+    (W2, b2), (W, b) = linear(K, E, dtype), linear(E, N, dtype)
+    tiles = -(-E // fused.gemv_tiles(B, K, E, torch.device(DEVICE), dtype=dtype)[1])
+    stats = torch.full((tiles, B, 2), float("nan"), device=DEVICE)
+    fused.gemv(m, W2, b2, residual=h, out=h, stats_out=stats)
+    hf = h.float()
+    torch.testing.assert_close(stats.sum(0), torch.stack([hf.sum(1), (hf * hf).sum(1)], 1),
+                               rtol=1e-5, atol=1e-4)
+    fold = fused.fold_layernorm(ln, W, b)
+    got = fused.gemv(h, W, b, ln=fold, ln_stats=stats, **split)
+    close(got, fused.gemv(h, W, b, ln=fold, **split), dtype)  # (summed in another order)
+    close(got, ln(h) @ W + b, dtype)
+    with pytest.raises(AssertionError):  # the sums of another batch
+        fused.gemv(h[:2], W, b, ln=fold, ln_stats=stats)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B", BATCHES)
 def test_gemv_transposed_weight_float32_out(B, dtype):

@@ -34,7 +34,7 @@ case "${1:-check}" in
       case $part in
         tests) timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py \
           tests/gpu/test_gpu_fused.py 2>&1 | tail -15 > "$R/gpu_tests.txt";;
-        bench) taskset -c "$PIN" timeout 200 python3 -m fastgen_lib bench --batch 1 32 --dtype \
+        bench) taskset -c "$PIN" timeout 300 python3 -m fastgen_lib bench --batch 1 32 --dtype \
           float32 bfloat16 --methods interleaved fused --repeats 10 --out "$R" 2>&1 \
           | grep -v "it/s" > "$R/bench_log.txt";;
         pdl) taskset -c "$PIN" timeout 150 python3 tools/probe_pdl.py "$R" 2>&1 \
