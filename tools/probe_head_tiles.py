@@ -8,8 +8,7 @@ programs in three waves. Here:
    weight in one CUDA graph), over block_k, block_n and warps, float32 and bfloat16, batch 32;
 2. the step (`FusedStep`, interleaved driver, prompt 16 mixed, 100 new tokens, alternated, 10
    rounds) with the two fastest tilings patched into `fused.head_tiles`, against the library's.
-It patches `fused.head_tiles`, which comes with results/h200/fused/head_tiles/head_tiles.patch
-(to be adopted with the next bench run: README there).
+It patches `fused.head_tiles` (adopted after this probe: results/h200/fused/head_tiles/).
 Usage: python tools/probe_head_tiles.py OUT_DIR"""
 import itertools
 import pathlib
@@ -48,8 +47,6 @@ def head_call(dtype, tiles, calls=CALLS):
 
 
 def main(out):
-    if not hasattr(fused, "head_tiles"):
-        sys.exit("apply results/h200/fused/head_tiles/head_tiles.patch first (fused.head_tiles)")
     out.mkdir(parents=True, exist_ok=True)
     rows, best = [], {}
     for dtype in (torch.float32, torch.bfloat16):
