@@ -284,9 +284,9 @@ def scratch_size(B, K, N, device, **tiles):
 
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
-         argmax=None, stats_out=None, ln_stats=None, out=None, scratch=None, block_n=None,
-         block_k=None,
-         programs_per_sm=None, split=None, num_warps=4, pdl=False):
+         argmax=None, stats_out=None, ln_stats=None, out=None, scratch=None,
+         block_n=None, block_k=None, programs_per_sm=None, split=None, num_warps=4,
+         pdl=False):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
     ln=(g, c, d, eps): x is LayerNorm'd first (weight g [K]), folded in: c = g @ weight and
@@ -297,10 +297,11 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     argmax=(top, top_i) float32 and int32 [B, tiles] (`gemv_tiles`): each row's largest value per
     column tile and its first column. stats_out: float32 [tiles, B, 2], each row's sum and sum
     of squares of the result over each column tile: for the next GEMV's LayerNorm, given as its
-    ln_stats (with ln): x's sums are then not taken in its loop. scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros
-    [LOCKS], buffers for the split, made per call when None. pdl=True: launched as a programmatic
-    dependent launch (`supports_pdl`): the kernel reads its first weight tile while the kernel
-    ahead of it in the stream finishes. block_n, block_k, programs_per_sm, split: the tiles
+    ln_stats (with ln): x's sums are then not taken in its loop.
+    scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros [LOCKS], buffers for
+    the split, made per call when None. pdl=True: launched as a programmatic dependent launch
+    (`supports_pdl`): the kernel reads its first weight tile while the kernel ahead of it in
+    the stream finishes. block_n, block_k, programs_per_sm, split: the tiles
     (`gemv_tiles`), num_warps: per program."""
     B, K = x.shape
     K2, N = weight.shape
@@ -718,7 +719,8 @@ class Buffers:
     residual stream h [B, E], q and the attention output [B, E], the MLP's hidden [B, 4E], the
     logits [B, V] float32 and their per-tile maxima, the scratch of the split kernels (partial
     sums, counters), large enough for gemv's own split tiles too (the probes run them), and at
-    batch > 1 h's sums for the LayerNorms (`stats`: None at batch 1)."""
+    batch > 1 h's sums for the LayerNorms (`stats`: None at batch 1). One `stats` serves every
+    layer: a GEMV writes it only after its wait, when the GEMV that read it last has finished."""
 
     def __init__(self, model, batch, length):
         E, V, H = model.config.n_embd, model.config.vocab_size, model.config.n_head
