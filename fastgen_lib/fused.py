@@ -719,7 +719,8 @@ class Buffers:
     residual stream h [B, E], q and the attention output [B, E], the MLP's hidden [B, 4E], the
     logits [B, V] float32 and their per-tile maxima, the scratch of the split kernels (partial
     sums, counters), large enough for gemv's own split tiles too (the probes run them), and at
-    batch > 1 h's sums for the LayerNorms (`stats`: None at batch 1). One `stats` serves every
+    batch > 1 h's sums for the LayerNorms (`stats`: None at batch 1, or where the two GEMVs
+    that write h have different column tiles, as a probe may set). One `stats` serves every
     layer: a GEMV writes it only after its wait, when the GEMV that read it last has finished."""
 
     def __init__(self, model, batch, length):
@@ -732,8 +733,13 @@ class Buffers:
         tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev, **head)[1])  # lm_head's
         self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
         self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
-        tiles = triton.cdiv(E, gemv_tiles(batch, E, E, dev, dtype=dt)[1])  # c_proj's
-        self.stats = torch.empty(tiles, batch, 2, device=dev) if batch > 1 else None
+
+        def n_tiles(K, N):  # column tiles of x @ W [K, N] with its layer tiles
+            t = {k: v for k, v in layer_tiles(batch, K, N, dt).items() if k != "num_warps"}
+            return triton.cdiv(N, gemv_tiles(batch, K, N, dev, dtype=dt, **t)[1])
+        tiles = {n_tiles(E, E), n_tiles(4 * E, E)}  # of the two GEMVs that write h
+        self.stats = (torch.empty(tiles.pop(), batch, 2, device=dev)
+                      if batch > 1 and len(tiles) == 1 else None)
 
         def split(K, N):  # floats of scratch for x @ W [K, N] with its layer tiles or gemv's
             t = layer_tiles(batch, K, N, dt)
