@@ -730,24 +730,22 @@ class Buffers:
         self.m = torch.empty(batch, 4 * E, dtype=dt, device=dev)
         self.logits = torch.empty(batch, V, dtype=torch.float32, device=dev)
         head = head_tiles(batch, dt)
-        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev, **head)[1])  # lm_head's
+        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev, dtype=dt, **head)[1])  # lm_head's
         self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
         self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
 
-        def n_tiles(K, N):  # column tiles of x @ W [K, N] with its layer tiles
-            t = {k: v for k, v in layer_tiles(batch, K, N, dt).items() if k != "num_warps"}
-            return triton.cdiv(N, gemv_tiles(batch, K, N, dev, dtype=dt, **t)[1])
-        tiles = {n_tiles(E, E), n_tiles(4 * E, E)}  # of the two GEMVs that write h
+        def own(K, N):  # the tiles `fused_forward` gives gemv for x @ W [K, N] (no warps)
+            return {k: v for k, v in layer_tiles(batch, K, N, dt).items() if k != "num_warps"}
+        tiles = {triton.cdiv(E, gemv_tiles(batch, K, E, dev, dtype=dt, **own(K, E))[1])
+                 for K in (E, 4 * E)}  # column tiles of the two GEMVs that write h
         self.stats = (torch.empty(tiles.pop(), batch, 2, device=dev)
                       if batch > 1 and len(tiles) == 1 else None)
 
         def split(K, N):  # floats of scratch for x @ W [K, N] with its layer tiles or gemv's
-            t = layer_tiles(batch, K, N, dt)
-            t = {k: v for k, v in t.items() if k != "num_warps"}
             return max(scratch_size(batch, K, N, dev, dtype=dt),
-                       scratch_size(batch, K, N, dev, dtype=dt, **t))
+                       scratch_size(batch, K, N, dev, dtype=dt, **own(K, N)))
         need = max(split(K, N) for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
-        need = max(need, scratch_size(batch, E, V, dev, dtype=dt, **head_tiles(batch, dt)))
+        need = max(need, scratch_size(batch, E, V, dev, dtype=dt, **head))
         splits = attention_blocks(length)[1]
         need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2), H * batch * E)
         self.scratch = (torch.empty(need, dtype=torch.float32, device=dev),
