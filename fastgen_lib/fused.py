@@ -92,12 +92,12 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)                                  # [BLOCK_K]
         k_ok = ks < K
-        if BLOCK_M == 1:  # the next tile is read while this one is summed
+        if BLOCK_M == 1 or ONE_TILE:  # the next tile is read while this one is summed
             w = w_next
             if not ONE_TILE:
                 w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok,
                                       stride_wk, stride_wn)
-        else:  # tl.dot's loop: Triton pipelines its reads (the first tile above is unused)
+        else:  # tl.dot's loop over tiles: Triton pipelines their reads (the tile above unused)
             w = _weight_tile(w_ptr, ks, cols, k_hi, col_ok, stride_wk, stride_wn)
         x_ok = row_ok[:, None] & k_ok[None, :]
         if EMBED:
@@ -210,11 +210,12 @@ def sm_count(device):
 
 def default_tiles(B, dtype):
     """(block_k, programs_per_sm), the GEMV's tiles by default: the fastest measured
-    for GPT-2's step on an H200 (results/h200/fused/gemv_tiles/). At batch 1, and in
-    bfloat16, 128 rows of K per tile and about two programs per SM: most chunks of K
-    are one tile, which a program reads before its PDL wait. float32 at batch > 1
-    (three TF32 products per dot): 32 rows, four programs per SM."""
-    return (32, 4) if B > 1 and dtype == torch.float32 else (128, 2)
+    for GPT-2's step on an H200 (results/h200/fused/gemv_tiles/, b32_early/). 128 rows
+    of K per tile: most chunks of K are one tile, which a program reads before its PDL
+    wait. About two programs per SM; four in float32 at batch > 1, where every chunk of
+    GPT-2's layer GEMVs is then one tile (0.748 ms a step at batch 32 against 0.762 with
+    32-row tiles, two a chunk, read after the wait)."""
+    return (128, 4) if B > 1 and dtype == torch.float32 else (128, 2)
 
 
 def gemv_tiles(B, K, N, device, block_n=None, block_k=None, programs_per_sm=None,
@@ -349,7 +350,7 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
         EMBED=embed is not None, ARGMAX=argmax is not None,
         STATS_IN=ln_stats.shape[0] if ln_stats is not None else 0,
         STATS_OUT=stats_out is not None,
-        SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=bm == 1 and k_chunk == bk,
+        SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=k_chunk == bk,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         DOT_F32=INTERPRET and weight.dtype != torch.float32,
         PRECISION="tf32x3" if weight.dtype == torch.float32 and not INTERPRET else "ieee",

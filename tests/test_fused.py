@@ -197,7 +197,7 @@ def test_gemv_split_argument_wins_and_gives_the_same_sums():
 
 
 @pytest.mark.parametrize("B, dtype, block_k, programs_per_sm", [
-    (1, torch.float32, 128, 2), (1, torch.bfloat16, 128, 2), (32, torch.float32, 32, 4),
+    (1, torch.float32, 128, 2), (1, torch.bfloat16, 128, 2), (32, torch.float32, 128, 4),
     (32, torch.bfloat16, 128, 2)])
 def test_gemv_tiles_by_batch_and_dtype(B, dtype, block_k, programs_per_sm):
     # the default tiles: block_k and the split follow default_tiles; an explicit tile wins
@@ -208,6 +208,14 @@ def test_gemv_tiles_by_batch_and_dtype(B, dtype, block_k, programs_per_sm):
     assert (split, k_chunk) == fused.gemv_tiles(B, 3072, 768, dev, block_k=block_k,
                                                 programs_per_sm=programs_per_sm)[3:]
     assert fused.gemv_tiles(B, 3072, 768, dev, block_k=16, dtype=dtype)[2] == 16
+
+
+def test_batch_32_float32_chunks_are_one_tile_on_an_h200(monkeypatch):
+    # so that each program reads its chunk of W before its PDL wait (ONE_TILE), on 132 SMs
+    monkeypatch.setattr(fused, "sm_count", lambda device: 132)
+    for K, N in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
+        _, _, bk, split, k_chunk = fused.gemv_tiles(32, K, N, torch.device("cuda"), block_n=64)
+        assert k_chunk == bk == 128 and split == K // 128, (K, N)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

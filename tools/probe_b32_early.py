@@ -1,11 +1,13 @@
 """Issue 14, batch 32: the layer GEMVs' weights read before the PDL wait. At batch 1 each
 program reads its one tile of W before `gdc_wait`, so the weights stream in while the kernel
-ahead finishes. At batch > 1 the library's GEMV reads W inside tl.dot's loop, after the wait:
-its first tile, loaded before the wait, is left unused (`fused._gemv_kernel`). Here the kernel
-(`EARLY`, a two-line edit) uses that tile when a program's chunk of K is one tile (K_CHUNK ==
-BLOCK_K), and the layer GEMVs at batch > 1 get tiles with one tile a chunk (`one_tile`:
-block_n columns, block_k rows, K in K / block_k chunks). Each variant changes only how the
-same products are grouped; the lm_head keeps its own tiles.
+ahead finishes. Since results/h200/fused/b32_early/ the library does so at any batch: where a
+program's chunk of K is one tile (`ONE_TILE`), `tl.dot` sums the tile read before the wait, and
+float32 at batch > 1 has 128-row tiles, four programs per SM, so that each chunk of GPT-2's layer
+GEMVs is one tile (`fused.default_tiles`). Here the library's step against `late` (the tile read
+again after the wait, in tl.dot's loop: `LATE`, a one-line edit of the kernel) and `before` (that,
+with float32's earlier tiles at batch > 1: 32 rows, two or three a chunk), the step before the
+change. (That directory's CSV came from this probe before the library adopted the change, at
+commit 9729eb4, where the variants were edits of the kernel of that time.)
 The step at batch 32, float32 and bfloat16, under the interleaved driver (prompt 16 mixed, 100
 new tokens), the variants alternated over 10 rounds, against `model.generate` and the
 library's tokens (`step_ab.compare_steps`).
@@ -16,53 +18,37 @@ import sys
 import tempfile
 
 import torch
-import triton
 
 from fastgen_lib import fused
 from probe_b32_ln import kernel_in_place, swap, variant_kernel  # noqa: F401
 from step_ab import compare_steps, patched_step
 
-EARLY = [  # a chunk of K that is one tile: its tile, read before the wait, is the one summed
-    ("if BLOCK_M == 1:  # the next tile is read while this one is summed",
-     "if BLOCK_M == 1 or K_CHUNK == BLOCK_K:  # the next tile is read while this one is summed"),
-    ("            if not ONE_TILE:\n                w_next",
-     "            if K_CHUNK != BLOCK_K:\n                w_next"),
+LATE = [  # every tile of W read in tl.dot's loop, after the wait (the one read before unused)
+    ("if BLOCK_M == 1 or ONE_TILE:  # the next tile is read while this one is summed",
+     "if BLOCK_M == 1:  # the next tile is read while this one is summed"),
 ]
-# name: (kernel edits, layer tiles at batch > 1 as (block_n, block_k, num_warps) or None: gemv's)
-VARIANTS = {
-    "library": ([], None),
-    "early": (EARLY, None),  # float32's tiles have two tiles a chunk: unchanged there
-    "k64": ([], (64, 64, 4)),
-    "early_k64": (EARLY, (64, 64, 4)),
-    "early_k128": (EARLY, (64, 128, 4)),
-    "early_n32_k128": (EARLY, (32, 128, 4)),
-    "early_n32_k64": (EARLY, (32, 64, 4)),
-}
 
 
-def one_tile(block_n, block_k, num_warps):
-    """A `layer_tiles` whose batch > 1 tiles split K into chunks of one block_k tile each."""
-    library = fused.layer_tiles
+def tiles_before(B, dtype):
+    """`fused.default_tiles` before the change: float32 at batch > 1, 32-row tiles."""
+    return (32, 4) if B > 1 and dtype == torch.float32 else (128, 2)
 
-    def tiles(B, K, N, dtype):
-        if B == 1:
-            return library(B, K, N, dtype)
-        bk = min(block_k, triton.next_power_of_2(K))
-        return dict(block_n=block_n, block_k=bk, split=triton.cdiv(K, bk), num_warps=num_warps)
-    return tiles
+
+# name: (kernel edits, default_tiles or None: the library's)
+VARIANTS = {"library": ([], None), "late": (LATE, None), "before": (LATE, tiles_before)}
 
 
 def patch(kernel, tiles):
-    """`patched_step`'s patch: `kernel` (None: the library's) and `tiles` in the library's
+    """`patched_step`'s patch: `kernel` and `tiles` (None: the library's) in the library's
     place, and the function that puts them back."""
     def apply():
         undo_kernel = swap(kernel) if kernel is not None else (lambda: None)
-        saved = fused.layer_tiles
+        saved = fused.default_tiles
         if tiles is not None:
-            fused.layer_tiles = one_tile(*tiles)
+            fused.default_tiles = tiles
 
         def undo():
-            fused.layer_tiles = saved
+            fused.default_tiles = saved
             undo_kernel()
         return undo
     return apply
