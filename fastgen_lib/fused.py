@@ -97,7 +97,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             if not ONE_TILE:
                 w_next = _weight_tile(w_ptr, ks + BLOCK_K, cols, k_hi, col_ok,
                                       stride_wk, stride_wn)
-        else:  # tl.dot's loop over tiles: Triton pipelines their reads (the tile above unused)
+        else:  # tl.dot's loop: Triton pipelines its reads (the tile above is then unused)
             w = _weight_tile(w_ptr, ks, cols, k_hi, col_ok, stride_wk, stride_wn)
         x_ok = row_ok[:, None] & k_ok[None, :]
         if EMBED:

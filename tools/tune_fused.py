@@ -6,7 +6,7 @@ triton.testing.do_bench (median, L2 flushed before each replay), batch 1 and 32,
 bfloat16, beside cuBLAS (torch.addmm) captured alike; bandwidth is the weight's bytes over the time.
 With `defaults`, the batch-1 GEMVs that the step runs with K contiguous (`fused.step_weights`: QKV,
 c_fc, mlp.c_proj) read such copies; cuBLAS reads GPT-2's Conv1D layout, as the model does.
-Usage: python tools/tune_fused.py OUT_CSV [defaults] [SHAPE ...]   (defaults: only the library's
+Usage: python tools/tune_fused.py OUT_CSV [defaults] [SHAPE ...]   (defaults: only the step's
 tiles; SHAPE: only these of SHAPES, e.g. lm_head)"""
 import itertools
 import sys
@@ -42,8 +42,8 @@ for dtype, B, (name, (K, N)) in itertools.product((torch.float32, torch.bfloat16
     us = bench_graph(lambda i: torch.addmm(b, x, ws[i], out=out), CALLS)
     rows.append({**base, "kernel": "cublas", "us": us, "gb_s": gb / us})
     grid = [(bn, bk, pps, 4) for bn, bk, pps in GRID]
-    if DEFAULTS:  # the step's tiles: a layer's from layer_tiles, the lm_head's gemv's defaults
-        t = fused.layer_tiles(B, K, N, dtype) if name != "lm_head" else {}
+    if DEFAULTS:  # the step's tiles: a layer's from layer_tiles, the lm_head's from head_tiles
+        t = fused.layer_tiles(B, K, N, dtype) if name != "lm_head" else fused.head_tiles(B, dtype)
         bk, pps = fused.default_tiles(B, dtype)
         grid = [(t.get("block_n", 64), t.get("block_k", bk), pps, t.get("num_warps", 4))]
     wk = ws  # the weights as the step reads them: at batch 1, K contiguous (fused.step_weights)
