@@ -32,7 +32,7 @@ case "${1:-check}" in
     pack() { tar czf "$OUT/run.tgz" "$R"; }
     for part in ${PARTS:-tests bench pdl kernels fused tune early_kv attention_proj}; do
       case $part in
-        tests) timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py \
+        tests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py \
           tests/gpu/test_gpu_fused.py 2>&1 | tail -15 > "$R/gpu_tests.txt";;
         bench) taskset -c "$PIN" timeout 300 python3 -m fastgen_lib bench --batch 1 32 --dtype \
           float32 bfloat16 --methods interleaved fused --repeats 10 --out "$R" 2>&1 \
