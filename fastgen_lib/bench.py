@@ -107,10 +107,16 @@ TARGETS = [
     ("interleaved >= 12x naive, batch 32", "interleaved", "naive", 32, 100, 12.0),
     ("article: ~5x over the baseline, batch 32 / 100 tokens", "interleaved", "naive", 32, 100, 5.0),
 ]
+STEP_TARGETS = [  # the fused step's (issue 14): (claim, method, dtype, batch, at most ms per step)
+    ("fused <= 0.25 ms per step, batch 1, float32", "fused", "float32", 1, 0.25),
+    ("fused <= 0.15 ms per step, batch 1, bfloat16", "fused", "bfloat16", 1, 0.15),
+    ("fused <= 0.6 ms per step, batch 32, float32", "fused", "float32", 32, 0.6),
+]
 
 
 def claims(df, dtype="float32", on_gpu=None):
-    """The targets and the article's claims, checked against a ladder or sweep DataFrame.
+    """The targets and the article's claims, checked against a ladder or sweep DataFrame
+    (the fused step's targets, `STEP_TARGETS`, where its rows have `fused`).
     They are stated for a GPU: measured on a CPU (`on_gpu` False; by default, when the
     rows' `gpu` column says "CPU ..."), every row's `holds` is "n/a on CPU"."""
     if on_gpu is None:
@@ -134,6 +140,13 @@ def claims(df, dtype="float32", on_gpu=None):
             rows.append({"claim": f"gain of interleaving over the synchronous check, batch "
                                   f"{batch} (article: up to 11.6% at small batch)",
                          "measured": round(gain, 1), "target": None, "holds": None})
+    for claim, method, dt, batch, want in STEP_TARGETS:  # where the rows have that method
+        cell = df[(df.dtype == dt) & (df.batch == batch) & (df.max_new_tokens == 100)]
+        cell = cell.set_index("method")
+        if method in cell.index and "ms_per_step" in cell:
+            got = float(cell.ms_per_step[method])
+            rows.append({"claim": claim, "measured": round(got, 3), "target": want,
+                         "holds": got <= want})
     out = pd.DataFrame(rows)
     if not on_gpu and len(out):
         out["holds"] = "n/a on CPU"

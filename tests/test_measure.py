@@ -269,6 +269,20 @@ def test_claims_on_a_synthetic_sweep():
     assert c.measured.iloc[4] == pytest.approx(10.0)  # interleaving gain at batch 1, %
 
 
+def test_claims_check_the_fused_steps_targets():
+    # issue 14's per-step targets, where the rows have `fused`: at most 0.25 / 0.15 / 0.6 ms
+    rows = [dict(method="fused", batch=b, max_new_tokens=100, dtype=d, median_s=1.0,
+                 ms_per_step=ms, gpu="NVIDIA H200")
+            for b, d, ms in ((1, "float32", 0.226), (1, "bfloat16", 0.201),
+                             (32, "float32", 0.750), (32, "bfloat16", 0.533))]
+    c = bench.claims(pd.DataFrame(rows)).set_index("claim")
+    fused = c[c.index.str.startswith("fused")]
+    assert fused.measured.tolist() == [0.226, 0.201, 0.75]
+    assert fused.holds.tolist() == [True, False, False]
+    assert not bench.claims(pd.DataFrame(rows[:1]).assign(method="interleaved")).claim.str.startswith(
+        "fused").any()  # no fused rows: no fused claims
+
+
 def test_sweep_checkpoints_after_every_cell(model, tmp_path):
     path = tmp_path / "partial.csv"
     df = bench.sweep(model, batches=(1, 2), new_tokens=(3,), methods=["kv_cache", "naive"], repeats=1,
