@@ -86,7 +86,17 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
     # the first tile of W, read while the kernel ahead may still run (with PDL)
     w_next = _weight_tile(w_ptr, k_lo + tl.arange(0, BLOCK_K), cols, k_hi, col_ok,
                           stride_wk, stride_wn)
-    if PDL:  # the weights do not depend on the kernel ahead; x does: wait for it to finish
+    # and what the epilogue adds, which no kernel ahead in the step writes: read here, not
+    # in a second trip to memory after the wait (results/h200/fused/early_epilogue/)
+    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if LN:
+        c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)
+        if ONE_TILE:  # LayerNorm's weight over the chunk's one tile
+            g1 = tl.load(g_ptr + k_lo + tl.arange(0, BLOCK_K),
+                         mask=k_lo + tl.arange(0, BLOCK_K) < K, other=0.0).to(tl.float32)
+    if QKV:
+        col = tl.load(col_ptr)  # the cache column (the step before wrote it)
+    if PDL:  # x depends on the kernel ahead: wait for it to finish
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()  # the kernel after may start on its weights
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -113,7 +123,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             if STATS_IN == 0:  # (else the GEMV ahead summed x, as it wrote it)
                 s1 += xf
                 s2 += xf * xf
-            g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+            if ONE_TILE:
+                g = g1
+            else:
+                g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
             x = (xf * g[None, :]).to(w_ptr.dtype.element_ty)
         if BLOCK_M == 1:  # one row: a broadcast multiply, no padded dot, no reduction yet
             xk = tl.sum(x.to(tl.float32), axis=0)                        # [BLOCK_K]
@@ -167,9 +180,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
                     sum2 += tl.load(st_ptr + (t * B + rows) * 2 + 1, mask=row_ok, other=0.0)
             mean = sum1 / K
             rstd = 1.0 / tl.sqrt(tl.maximum(sum2 / K - mean * mean, 0.0) + eps)
-            c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)
             acc = rstd[:, None] * (acc - mean[:, None] * c[None, :])
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        acc += bias[None, :]
         if GELU:  # GPT-2's gelu_new: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi)(x + .044715x^3)
             acc = acc * tl.sigmoid(2.0 * SQRT_2_OVER_PI * (acc + 0.044715 * acc * acc * acc))
         if RESIDUAL:  # (may be y itself: each element is read, then written, by this program only)
@@ -185,7 +197,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             part_ix = cols // E                                          # 0 q, 1 k, 2 v
             j = cols % E
             cache = rows[:, None] * stride_cb + (j // D)[None, :] * stride_ch + (j % D)[None, :]
-            cache += tl.load(col_ptr) * stride_cs
+            cache += col * stride_cs
             tl.store(y_ptr + rows[:, None] * stride_yb + j[None, :], out,
                      mask=out_ok & (part_ix == 0)[None, :])
             tl.store(k_ptr + cache, out, mask=out_ok & (part_ix == 1)[None, :])
@@ -554,7 +566,7 @@ def _softmax_block(q, k, v, keep, scale, m_i, l_i, acc):
 
 @triton.jit
 def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_ptr, col_ptr,
-                           part_ptr, lock_ptr, B, H, D, N, scale,
+                           part_ptr, lock_ptr, B, H: tl.constexpr, D, N, scale,
                            stride_qb, stride_kb, stride_kh, stride_ks, stride_mb,
                            stride_wk, stride_wn, stride_rb, stride_yb,
                            BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -578,6 +590,7 @@ def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_pt
     old = (ss < n_keys - 1)[:, None] & d_ok[None, :]
     k = tl.load(k_ptr + kv, mask=old, other=0.0)
     v = tl.load(v_ptr + kv, mask=old, other=0.0)
+    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     if PDL:  # q and column `col` of the cache come from the QKV GEMV ahead
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -605,10 +618,11 @@ def _attention_proj_kernel(q_ptr, k_ptr, v_ptr, m_ptr, w_ptr, b_ptr, r_ptr, y_pt
     lock = lock_ptr + b * tl.num_programs(0) + pid_n
     if tl.atomic_add(lock, 1, sem="acq_rel") == H - 1:
         y = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for i in range(H):  # fixed order, whoever came last
-            y += tl.load(part + i * B * N, mask=col_ok, other=0.0, cache_modifier=".cg")
+        for i in tl.static_range(H):  # fixed order, whoever came last; unrolled: the H
+            y += tl.load(part + i * B * N, mask=col_ok, other=0.0,  # reads at once
+                         cache_modifier=".cg")
         tl.atomic_xchg(lock, 0)  # ready for the next kernel
-        y += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y += bias
         r = tl.load(r_ptr + b * stride_rb + cols, mask=col_ok, other=0.0)
         y = (y + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + b * stride_yb + cols, y, mask=col_ok)

@@ -1,0 +1,157 @@
+"""Issue 14: what a fused kernel reads after its PDL wait. After `gdc_wait` a GEMV reads x (the
+kernel ahead wrote it), sums, and then reads what its epilogue adds: the bias (or the folded
+LayerNorm's d), the fold's c and the cache column for the K and V writes; in a loop of one
+tile, LayerNorm's weight g too. No kernel ahead in the step writes those, but the wait orders
+them after it: unless the compiler issues them with x's read, each GEMV waits for a second
+trip to memory after the wait, 49 times a step at batch 1. Since the tenth version of `fused`
+the library reads them before the wait. At batch 1 the attention and out-projection kernel
+(`attention_proj`) also has a tail after its wait: the last of the H programs of a column tile
+adds the H partial sums, one trip to memory each in a loop; the library now unrolls that loop
+(H constexpr: all the reads at once) and reads the bias before the wait.
+
+Variants, each the library's kernels with a few source lines replaced (`VARIANTS`), compiled
+from a temporary module and put in the library's place while a step is built and captured:
+`late_gemv`, the GEMV's epilogue reads after the wait (the ninth version's GEMV);
+`late_attention_proj`, that kernel's loop and bias read as in the ninth version;
+`ninth`, both; `early_residual`, the library with the GEMV's residual read before the wait too
+(in the step h was written two or three kernels ahead; `gemv` alone promises no such thing).
+The step at batch 1 and 32, float32 and bfloat16, under the interleaved driver (prompt 16
+mixed, 100 new tokens), the variants alternated over 10 rounds, against `model.generate` and
+the library's tokens (`step_ab.compare_steps`).
+Usage: python tools/probe_early_epilogue.py OUT_DIR [batch ...] (1 32 by default)"""
+import contextlib
+import importlib.util
+import inspect
+import pathlib
+import sys
+import tempfile
+import textwrap
+
+import torch
+
+from fastgen_lib import fused
+from step_ab import compare_steps, patched_step
+
+WAIT = "    if PDL:  # x depends on the kernel ahead: wait for it to finish\n"
+EARLY = """    # and what the epilogue adds, which no kernel ahead in the step writes: read here, not
+    # in a second trip to memory after the wait (results/h200/fused/early_epilogue/)
+    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if LN:
+        c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)
+        if ONE_TILE:  # LayerNorm's weight over the chunk's one tile
+            g1 = tl.load(g_ptr + k_lo + tl.arange(0, BLOCK_K),
+                         mask=k_lo + tl.arange(0, BLOCK_K) < K, other=0.0).to(tl.float32)
+    if QKV:
+        col = tl.load(col_ptr)  # the cache column (the step before wrote it)
+"""
+LATE_GEMV = [  # the ninth version's GEMV: the epilogue's reads after the wait
+    (EARLY, ""),
+    ("            if ONE_TILE:\n                g = g1\n            else:\n"
+     "                g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)\n",
+     "            g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)\n"),
+    ("            acc = rstd[:, None] * (acc - mean[:, None] * c[None, :])\n",
+     "            c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)\n"
+     "            acc = rstd[:, None] * (acc - mean[:, None] * c[None, :])\n"),
+    ("acc += bias[None, :]",
+     "acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]"),
+    ("cache += col * stride_cs", "cache += tl.load(col_ptr) * stride_cs"),
+]
+EARLY_RESIDUAL = [  # the residual too (h: written two or three kernels ahead in the step)
+    (WAIT, """    if RESIDUAL:
+        r1 = tl.load(r_ptr + rows[:, None] * stride_rb + cols[None, :],
+                     mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+""" + WAIT),
+    ("r = tl.load(r_ptr + rows[:, None] * stride_rb + cols[None, :], mask=out_ok, other=0.0)",
+     "r = r1"),
+]
+LATE_ATTENTION_PROJ = [  # the ninth version's: a loop of H reads, the bias after the wait
+    ("part_ptr, lock_ptr, B, H: tl.constexpr, D, N, scale,",
+     "part_ptr, lock_ptr, B, H, D, N, scale,"),
+    ("    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)\n", ""),
+    ("        for i in tl.static_range(H):  # fixed order, whoever came last; unrolled: the H\n"
+     "            y += tl.load(part + i * B * N, mask=col_ok, other=0.0,  # reads at once\n"
+     "                         cache_modifier=\".cg\")\n",
+     "        for i in range(H):  # fixed order, whoever came last\n"
+     "            y += tl.load(part + i * B * N, mask=col_ok, other=0.0, "
+     "cache_modifier=\".cg\")\n"),
+    ("        y += bias\n",
+     "        y += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)\n"),
+]
+GEMV, PROJ = "_gemv_kernel", "_attention_proj_kernel"
+VARIANTS = {  # name: {kernel: edits}
+    "library": {},
+    "late_gemv": {GEMV: LATE_GEMV},
+    "late_attention_proj": {PROJ: LATE_ATTENTION_PROJ},
+    "ninth": {GEMV: LATE_GEMV, PROJ: LATE_ATTENTION_PROJ},
+    "early_residual": {GEMV: EARLY_RESIDUAL},
+}
+
+
+def variant_kernel(name, edits, tmp):
+    """`fused.<name>` (a triton.jit kernel) with each (old, new) of `edits` replaced in its
+    source (each `old` exactly once), loaded from a module written under `tmp`."""
+    src = textwrap.dedent(inspect.getsource(getattr(fused, name).fn))
+    for old, new in edits:
+        assert src.count(old) == 1, f"{old!r} is not once in fused.{name}"
+        src = src.replace(old, new)
+    head = ("import triton\nimport triton.language as tl\n"
+            "from fastgen_lib.fused import _weight_tile, _softmax_block, SQRT_2_OVER_PI\n\n\n")
+    path = pathlib.Path(tmp) / f"{name}_variant_{abs(hash(src))}.py"
+    path.write_text(head + src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def swap(kernels):
+    """`patched_step`'s patch: `kernels` ({name: kernel}) in the library's place, and the
+    function that puts the library's back."""
+    saved = {name: getattr(fused, name) for name in kernels}
+    for name, kernel in kernels.items():
+        setattr(fused, name, kernel)
+
+    def undo():
+        for name, kernel in saved.items():
+            setattr(fused, name, kernel)
+    return undo
+
+
+@contextlib.contextmanager
+def kernels_in_place(kernels):
+    """The library's step functions launch `kernels` inside the block."""
+    undo = swap(kernels)
+    try:
+        yield
+    finally:
+        undo()
+
+
+def variant_kernels(variant, tmp):
+    """{kernel name: kernel} of `variant` (a name of VARIANTS)."""
+    return {k: variant_kernel(k, e, tmp) for k, e in VARIANTS[variant].items()}
+
+
+@contextlib.contextmanager
+def steps(tmp):
+    """{name: step class} for every variant, its kernels compiled from modules under `tmp`."""
+    out = {}
+    for name, edits in VARIANTS.items():
+        out[name] = (fused.FusedStep if not edits else
+                     patched_step(fused.FusedStep,
+                                  lambda k=variant_kernels(name, tmp): swap(k), name))
+    yield out
+
+
+def main(out, batches):
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, steps(tmp) as classes:
+        d = compare_steps(classes, (torch.float32, torch.bfloat16), batches, "variant",
+                          same_as="library")
+    d.to_csv(out / "step_early_epilogue.csv", index=False)
+    print(d.drop(columns="divergence").to_string())
+    print(d[["dtype", "batch", "variant", "divergence"]].to_string())
+
+
+if __name__ == "__main__":
+    main(pathlib.Path(sys.argv[1]), [int(b) for b in sys.argv[2:]] or [1, 32])
