@@ -24,7 +24,8 @@ Every kernel takes float32 or bfloat16 and accumulates in float32; at batch > 1,
 on the tensor cores as three TF32 products each ("tf32x3": about IEEE float32's accuracy). On a
 Hopper GPU the kernels are programmatic dependent launches (PDL): each starts while the kernel ahead
 finishes, a GEMV reading its first weight tile and the attention the cache's older slots before
-they wait (`gdc_wait`) for the kernel ahead.
+they wait (`gdc_wait`) for the kernel ahead; a GEMV also reads there what its epilogue adds (bias,
+the fold's c, the cache column).
 Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU tensors (the
 tests), with IEEE dots and no PDL.
 """
@@ -313,8 +314,9 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     ln_stats (with ln): x's sums are then not taken in its loop.
     scratch=(partials, locks): float32 [>= scratch_size] and int32 zeros [LOCKS], buffers for
     the split, made per call when None. pdl=True: launched as a programmatic dependent launch
-    (`supports_pdl`): the kernel reads its first weight tile while the kernel ahead of it in
-    the stream finishes. block_n, block_k, programs_per_sm, split: the tiles
+    (`supports_pdl`): the kernel reads its first weight tile, the bias, c, g and the cache
+    column while the kernel ahead of it in the stream finishes (so that kernel must not write
+    them; x, the residual and ln_stats are read after it). block_n, block_k, programs_per_sm, split: the tiles
     (`gemv_tiles`), num_warps: per program."""
     B, K = x.shape
     K2, N = weight.shape
