@@ -12,12 +12,9 @@ Variants whose name starts with `bound_` skip work the result needs: they say wh
 costs, and their output is wrong. The others compute the library's result.
 Usage: python tools/probe_b32_ln.py OUT_DIR [alone] [step] (both by default)"""
 import contextlib
-import importlib.util
-import inspect
 import pathlib
 import sys
 import tempfile
-import textwrap
 
 import pandas as pd
 import torch
@@ -65,18 +62,8 @@ CASES = {"c_attn": ("ln", "qkv"), "c_fc": ("ln", "gelu")}  # the GEMVs with Laye
 def variant_kernel(edits, tmp):
     """`fused._gemv_kernel` with each (old, new) of `edits` replaced in its source (each `old`
     exactly once), as a new triton.jit function loaded from a module written under `tmp`."""
-    src = textwrap.dedent(inspect.getsource(fused._gemv_kernel.fn))
-    for old, new in edits:
-        assert src.count(old) == 1, f"{old!r} is not once in fused._gemv_kernel"
-        src = src.replace(old, new)
-    head = ("import triton\nimport triton.language as tl\n"
-            "from fastgen_lib.fused import _weight_tile, SQRT_2_OVER_PI\n\n\n")
-    path = pathlib.Path(tmp) / f"gemv_variant_{abs(hash(src))}.py"
-    path.write_text(head + src)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module._gemv_kernel
+    from step_ab import kernel_variant
+    return kernel_variant("_gemv_kernel", edits, tmp)
 
 
 @contextlib.contextmanager

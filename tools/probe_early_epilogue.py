@@ -20,7 +20,6 @@ mixed, 100 new tokens), the variants alternated over 10 rounds, against `model.g
 the library's tokens (`step_ab.compare_steps`).
 Usage: python tools/probe_early_epilogue.py OUT_DIR [batch ...] (1 32 by default)"""
 import contextlib
-import importlib.util
 import inspect
 import pathlib
 import sys
@@ -30,20 +29,19 @@ import textwrap
 import torch
 
 from fastgen_lib import fused
-from step_ab import compare_steps, patched_step
+from step_ab import compare_steps, kernel_variant, patched_step
 
 WAIT = "    if PDL:  # x depends on the kernel ahead: wait for it to finish\n"
-EARLY = """    # and what the epilogue adds, which no kernel ahead in the step writes: read here, not
-    # in a second trip to memory after the wait (results/h200/fused/early_epilogue/)
-    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    if LN:
-        c = tl.load(c_ptr + cols, mask=col_ok, other=0.0)
-        if ONE_TILE:  # LayerNorm's weight over the chunk's one tile
-            g1 = tl.load(g_ptr + k_lo + tl.arange(0, BLOCK_K),
-                         mask=k_lo + tl.arange(0, BLOCK_K) < K, other=0.0).to(tl.float32)
-    if QKV:
-        col = tl.load(col_ptr)  # the cache column (the step before wrote it)
-"""
+
+
+def _early_block():
+    """The library GEMV's lines that read the epilogue's inputs before the wait."""
+    src = textwrap.dedent(inspect.getsource(fused._gemv_kernel.fn))
+    start = src.index("    # and what the epilogue adds")
+    return src[start:src.index(WAIT)]
+
+
+EARLY = _early_block()
 LATE_GEMV = [  # the ninth version's GEMV: the epilogue's reads after the wait
     (EARLY, ""),
     ("            if ONE_TILE:\n                g = g1\n            else:\n"
@@ -87,21 +85,7 @@ VARIANTS = {  # name: {kernel: edits}
 }
 
 
-def variant_kernel(name, edits, tmp):
-    """`fused.<name>` (a triton.jit kernel) with each (old, new) of `edits` replaced in its
-    source (each `old` exactly once), loaded from a module written under `tmp`."""
-    src = textwrap.dedent(inspect.getsource(getattr(fused, name).fn))
-    for old, new in edits:
-        assert src.count(old) == 1, f"{old!r} is not once in fused.{name}"
-        src = src.replace(old, new)
-    head = ("import triton\nimport triton.language as tl\n"
-            "from fastgen_lib.fused import _weight_tile, _softmax_block, SQRT_2_OVER_PI\n\n\n")
-    path = pathlib.Path(tmp) / f"{name}_variant_{abs(hash(src))}.py"
-    path.write_text(head + src)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+variant_kernel = kernel_variant  # (name, edits, tmp)
 
 
 def swap(kernels):

@@ -1,7 +1,13 @@
 """Shared by the fused step's probes: step backends timed side by side (tools/probe_pdl.py,
 probe_mlp.py, probe_gemv_tiles.py) and one kernel timed inside a CUDA graph (tools/tune_fused.py,
-tune_attention.py). Imported by those scripts, which run from the repo root as
+tune_attention.py), and a library kernel with source lines replaced (`kernel_variant`: probe_b32_ln.py,
+probe_early_epilogue.py). Imported by those scripts, which run from the repo root as
 `python tools/NAME.py`."""
+import importlib.util
+import inspect
+import pathlib
+import textwrap
+
 import pandas as pd
 import torch
 import triton
@@ -95,3 +101,22 @@ def with_attr(step, name, module, attr, value):
         setattr(module, attr, value)
         return lambda: setattr(module, attr, saved)
     return patched_step(step, patch, name)
+
+
+def kernel_variant(name, edits, tmp):
+    """`fastgen_lib.fused.<name>` (a triton.jit kernel) with each (old, new) of `edits`
+    replaced in its source (each `old` exactly once), as a new kernel loaded from a module
+    written under `tmp`."""
+    from fastgen_lib import fused
+    src = textwrap.dedent(inspect.getsource(getattr(fused, name).fn))
+    for old, new in edits:
+        assert src.count(old) == 1, f"{old!r} is not once in fused.{name}"
+        src = src.replace(old, new)
+    head = ("import triton\nimport triton.language as tl\n"
+            "from fastgen_lib.fused import _weight_tile, _softmax_block, SQRT_2_OVER_PI\n\n\n")
+    path = pathlib.Path(tmp) / f"{name}_variant_{abs(hash(src))}.py"
+    path.write_text(head + src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
