@@ -6,7 +6,8 @@
 #       kernels per step, each kernel's time, each GEMV alone (default tiles), what is read
 #       before the waits (tools/probe_early_kv.py), attention and c_proj joined at batch 1
 #       (tools/probe_attention_proj.py), into R (default results/h200/fused/run),
-#       packed as $OUT/run.tgz; PARTS="bench pdl" (say) runs some of them
+#       packed as $OUT/run.tgz; PARTS="bench pdl" (say) runs some of them; the bench times
+#       `compiled`, `interleaved`, `fused` and `model.generate` (hf_static), or METHODS
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -34,9 +35,9 @@ case "${1:-check}" in
       case $part in
         tests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py \
           tests/gpu/test_gpu_fused.py 2>&1 | tail -15 > "$R/gpu_tests.txt";;
-        bench) taskset -c "$PIN" timeout 300 python3 -m fastgen_lib bench --batch 1 32 --dtype \
-          float32 bfloat16 --methods interleaved fused --repeats 10 --out "$R" 2>&1 \
-          | grep -v "it/s" > "$R/bench_log.txt";;
+        bench) taskset -c "$PIN" timeout 540 python3 -m fastgen_lib bench --batch 1 32 --dtype \
+          float32 bfloat16 --methods ${METHODS:-compiled interleaved fused hf_static} \
+          --repeats 10 --out "$R" 2>&1 | grep -v "it/s" > "$R/bench_log.txt";;
         pdl) taskset -c "$PIN" timeout 150 python3 tools/probe_pdl.py "$R" 2>&1 \
           | grep -v "it/s" > "$R/probe_pdl_log.txt";;
         kernels) timeout 280 python3 tools/probe_kernels.py "$R/kernels.csv" interleaved fused \
