@@ -316,8 +316,8 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     the split, made per call when None. pdl=True: launched as a programmatic dependent launch
     (`supports_pdl`): the kernel reads its first weight tile, the bias, c, g and the cache
     column while the kernel ahead of it in the stream finishes (so that kernel must not write
-    them; x, the residual and ln_stats are read after it). block_n, block_k, programs_per_sm, split: the tiles
-    (`gemv_tiles`), num_warps: per program."""
+    them; x, the residual and ln_stats are read after it). block_n, block_k,
+    programs_per_sm, split: the tiles (`gemv_tiles`), num_warps: per program."""
     B, K = x.shape
     K2, N = weight.shape
     assert K == K2 and bias.shape == (N,), (x.shape, weight.shape, bias.shape)

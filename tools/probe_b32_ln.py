@@ -21,6 +21,7 @@ import torch
 
 from fastgen_lib import fused
 from probe_b32_epilogue import layer_call
+from step_ab import kernel_variant, swap_kernels
 
 STATS_1D = [  # LayerNorm's sums per row, reduced across K within each tile: [BLOCK_M], not
     # [BLOCK_M, BLOCK_K] carried through the loop (a program has 1 or 2 tiles at batch 32)
@@ -62,7 +63,6 @@ CASES = {"c_attn": ("ln", "qkv"), "c_fc": ("ln", "gelu")}  # the GEMVs with Laye
 def variant_kernel(edits, tmp):
     """`fused._gemv_kernel` with each (old, new) of `edits` replaced in its source (each `old`
     exactly once), as a new triton.jit function loaded from a module written under `tmp`."""
-    from step_ab import kernel_variant
     return kernel_variant("_gemv_kernel", edits, tmp)
 
 
@@ -127,12 +127,7 @@ def sums_in_loop():
 
 def swap(kernel):
     """`patched_step`'s patch: `kernel` in the library's place, and the function that undoes it."""
-    saved = fused._gemv_kernel
-    fused._gemv_kernel = kernel
-
-    def undo():
-        fused._gemv_kernel = saved
-    return undo
+    return swap_kernels({"_gemv_kernel": kernel})
 
 
 if __name__ == "__main__":

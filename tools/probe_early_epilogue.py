@@ -29,7 +29,7 @@ import textwrap
 import torch
 
 from fastgen_lib import fused
-from step_ab import compare_steps, kernel_variant, patched_step
+from step_ab import compare_steps, kernel_variant, patched_step, swap_kernels
 
 WAIT = "    if PDL:  # x depends on the kernel ahead: wait for it to finish\n"
 
@@ -85,26 +85,11 @@ VARIANTS = {  # name: {kernel: edits}
 }
 
 
-variant_kernel = kernel_variant  # (name, edits, tmp)
-
-
-def swap(kernels):
-    """`patched_step`'s patch: `kernels` ({name: kernel}) in the library's place, and the
-    function that puts the library's back."""
-    saved = {name: getattr(fused, name) for name in kernels}
-    for name, kernel in kernels.items():
-        setattr(fused, name, kernel)
-
-    def undo():
-        for name, kernel in saved.items():
-            setattr(fused, name, kernel)
-    return undo
-
 
 @contextlib.contextmanager
 def kernels_in_place(kernels):
     """The library's step functions launch `kernels` inside the block."""
-    undo = swap(kernels)
+    undo = swap_kernels(kernels)
     try:
         yield
     finally:
@@ -113,7 +98,7 @@ def kernels_in_place(kernels):
 
 def variant_kernels(variant, tmp):
     """{kernel name: kernel} of `variant` (a name of VARIANTS)."""
-    return {k: variant_kernel(k, e, tmp) for k, e in VARIANTS[variant].items()}
+    return {k: kernel_variant(k, e, tmp) for k, e in VARIANTS[variant].items()}
 
 
 @contextlib.contextmanager
@@ -123,7 +108,7 @@ def steps(tmp):
     for name, edits in VARIANTS.items():
         out[name] = (fused.FusedStep if not edits else
                      patched_step(fused.FusedStep,
-                                  lambda k=variant_kernels(name, tmp): swap(k), name))
+                                  lambda k=variant_kernels(name, tmp): swap_kernels(k), name))
     yield out
 
 

@@ -1,7 +1,7 @@
 """Shared by the fused step's probes: step backends timed side by side (tools/probe_pdl.py,
 probe_mlp.py, probe_gemv_tiles.py) and one kernel timed inside a CUDA graph (tools/tune_fused.py,
-tune_attention.py), and a library kernel with source lines replaced (`kernel_variant`: probe_b32_ln.py,
-probe_early_epilogue.py). Imported by those scripts, which run from the repo root as
+tune_attention.py), and a library kernel with source lines replaced (`kernel_variant`, `swap_kernels`:
+probe_b32_ln.py, probe_early_epilogue.py). Imported by those scripts, which run from the repo root as
 `python tools/NAME.py`."""
 import importlib.util
 import inspect
@@ -120,3 +120,17 @@ def kernel_variant(name, edits, tmp):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, name)
+
+
+def swap_kernels(kernels):
+    """`patched_step`'s patch: `kernels` ({name: kernel}, say from `kernel_variant`) in
+    `fastgen_lib.fused` in place of the library's, and the function that puts those back."""
+    from fastgen_lib import fused
+    saved = {name: getattr(fused, name) for name in kernels}
+    for name, kernel in kernels.items():
+        setattr(fused, name, kernel)
+
+    def undo():
+        for name, kernel in saved.items():
+            setattr(fused, name, kernel)
+    return undo
