@@ -5,7 +5,9 @@ line replaced (`probe_b32_ln.variant_kernel`): `bound_head_tf32`, the lm_head (t
 ARGMAX) in one TF32 product, and `bound_all_tf32`, every GEMV so. One TF32 product keeps 10 bits
 of each input's mantissa, so the logits move by up to about 1e-3 of their scale and a near-tie may
 pick another token: these are bounds on what a cheaper lm_head (say, one TF32 product with an
-exact check of the few columns near each row's maximum) could save, not steps to ship.
+exact check of the few columns near each row's maximum) could save, not steps to ship. Two
+candidates to ship, every GEMV's float32 dot from bfloat16 pieces: `all_bf16x3` (three products,
+about 16 bits of mantissa) and `all_bf16x6` (six, about float32's 24).
 The step at batch 32 under the interleaved driver (prompt 16 mixed, 100 new tokens), the variants
 alternated over 10 rounds, against `model.generate` and the library's tokens
 (`step_ab.compare_steps`; a divergence comes with its top-2 logit gap).
@@ -27,6 +29,14 @@ VARIANTS = {
                               'else PRECISION)')],
     "bound_all_tf32": [(DOT, 'acc = tl.dot(x, w, acc, input_precision="tf32" if PRECISION '
                              '== "tf32x3" else PRECISION)')],
+    # float32 as bfloat16 pieces (Triton 3.6 on NVIDIA): x = hi + mid (+ lo), each bfloat16.
+    # bf16x3: hi*hi + hi*mid + mid*hi, about 16 bits of mantissa; bf16x6 adds the three
+    # products with lo (and mid*mid), about float32's 24. bfloat16 products run at twice TF32's
+    # rate, so bf16x3 costs about one and a half TF32 products, bf16x6 about three
+    "all_bf16x3": [(DOT, 'acc = tl.dot(x, w, acc, input_precision="bf16x3" if PRECISION '
+                         '== "tf32x3" else PRECISION)')],
+    "all_bf16x6": [(DOT, 'acc = tl.dot(x, w, acc, input_precision="bf16x6" if PRECISION '
+                         '== "tf32x3" else PRECISION)')],
 }
 
 
