@@ -79,6 +79,8 @@ LESSONS = [
      lambda r: r["ch9_fused_kernels_per_step"] <= 70 and r["ch9_speedup_b1_float32"] > 1),
     ("09_fused", "the fused step beats model.generate's (static cache) over 2.5x in every dtype and "
      "batch", lambda r: r["ch9_min_x_vs_generate"] > 2.5),
+    ("09_fused", "a batch-1 GEMV alone costs its bytes at the copy bandwidth plus a fixed 2-4 us",
+     lambda r: 2 < r["ch9_gemv_fixed_us"] < 4),
     ("09_fused", "kernels that start early (PDL) make the batch-1 float32 step faster, same tokens",
      lambda r: r["ch9_pdl_saved_b1_float32"] > 0.05 and r["ch9_pdl_same_tokens"] == 1),
     ("09_fused", "reading more before the PDL waits makes the batch-1 float32 step faster, same "
