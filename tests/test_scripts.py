@@ -83,6 +83,20 @@ def test_pace_monitor_samples_until_stopped_and_flags_slow_chapters(tmp_path):
     assert slow.returncode == 1 and "HOST SLOW" in slow.stdout and "during: b, c" in slow.stdout
 
 
+def test_pace_gate_passes_a_host_at_pace_and_stops_a_slow_one():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def gate(max_ms):
+        return subprocess.run([sys.executable, str(ROOT / "tools" / "pace_monitor.py"), "gate",
+                               "--max-ms", str(max_ms), "--samples", "3", "--every", "0"],
+                              capture_output=True, text=True, env=env, timeout=120)
+    ok = gate(1e6)  # any host is under a limit of 1000 s
+    assert ok.returncode == 0 and "host at pace" in ok.stdout, ok.stdout + ok.stderr
+    assert len(ok.stdout.split("pace ms:")[1].split("(median")[0].split()) == 3
+    slow = gate(1e-9)  # and none under a nanosecond
+    assert slow.returncode == 3 and "HOST SLOW" in slow.stdout, slow.stdout + slow.stderr
+
+
 def test_count_ops_finds_the_padding_mask_on_the_tiny_model(tmp_path):
     # chapter 2's exercise 3 quotes this count (for GPT-2 124M): a padded batch dispatches more ops
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")

@@ -11,7 +11,9 @@
 # summarised at the end of the log: "HOST SLOW" names chapters not to commit; PACE_MAX, MON_CPU;
 # after a slow chapter the run stops, unless STOP_SLOW=0)
 # and, with TESTS, $OUT/gpu_tests.txt. The GPU's state before the run is logged,
-# to show that it was idle.
+# to show that it was idle. GATE_MS=0.62 (say) first samples the host's pace and exits 3 without
+# running a chapter if its median is over that (tools/pace_monitor.py gate): the call can then
+# run something that the host's pace does not touch instead.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 if [ -d .whl ]; then  # once per machine: a later call on the same machine finds them
@@ -34,6 +36,11 @@ pack() {  # after every chapter, so that a call cut short still brings back what
 # the chapters' process on four fixed cores: a host-bound loop (chapters 1-4) that migrates between
 # cores times bimodally (5 or 8 ms a step in one run of chapter 1); pinned, its IQR is a few percent
 PIN=${PIN:-8-11}
+if [ -n "${GATE_MS:-}" ]; then
+  taskset -c "$PIN" python3 tools/pace_monitor.py gate --max-ms "$GATE_MS" 2>&1 \
+    | tee -a "$OUT/book_log.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || exit 3
+fi
 # the host's pace on a core of its own while the chapters run (tools/pace_monitor.py): a chapter
 # whose median pace is over PACE_MAX ms ran on a slow host, and its timings are not to be committed
 MON_CPU=${MON_CPU:-15}; taskset -c "$MON_CPU" true 2>/dev/null || MON_CPU=$(nproc --all | awk '{print $1-1}')

@@ -8,6 +8,9 @@ and, after the chapters, summarises it per chapter against an absolute limit.
 
     python3 tools/pace_monitor.py run PACE_CSV [--every 5]          # until killed (SIGTERM)
     python3 tools/pace_monitor.py summary PACE_CSV CHAPTERS_CSV [--max-ms 0.65]
+    python3 tools/pace_monitor.py gate [--max-ms 0.65] [--samples 10]   # before a device call's
+        # timing: exits 3 if the host's median pace is over --max-ms now (a slow host stays slow
+        # for minutes: results/h200/fused/generate_slow_host/), so the call can do something else
 
 CHAPTERS_CSV has columns chapter, start_s, end_s (Unix seconds). The summary prints each chapter's
 median and largest pace, and exits 1 if a chapter's median pace is over --max-ms: 0.65 ms is 1.15 x
@@ -48,6 +51,16 @@ def summary(pace, chapters, max_ms):
     return pd.DataFrame(rows)
 
 
+def gate(samples, every, max_ms):
+    """The host's pace `samples` times, `every` seconds apart: (paces in ms, at pace?)."""
+    paces = []
+    for i in range(samples):
+        paces.append(1e3 * measure.host_pace())
+        if i < samples - 1:
+            time.sleep(every)
+    return paces, float(pd.Series(paces).median()) <= max_ms
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -58,7 +71,22 @@ def main():
     s.add_argument("pace_csv")
     s.add_argument("chapters_csv")
     s.add_argument("--max-ms", type=float, default=0.65, help="largest median pace, ms")
+    g = sub.add_parser("gate")
+    g.add_argument("--max-ms", type=float, default=0.65, help="largest median pace, ms")
+    g.add_argument("--samples", type=int, default=10)
+    g.add_argument("--every", type=float, default=0.5, help="seconds between samples")
     args = ap.parse_args()
+    if args.cmd == "gate":
+        if args.samples < 1 or args.every < 0:
+            ap.error("--samples must be >= 1 and --every >= 0")
+        paces, ok = gate(args.samples, args.every, args.max_ms)
+        med = float(pd.Series(paces).median())
+        print("pace ms:", " ".join(f"{p:.3f}" for p in paces), f"(median {med:.3f})")
+        if not ok:
+            print(f"HOST SLOW (median pace over {args.max_ms} ms): do not time now")
+            return 3
+        print(f"host at pace (median under {args.max_ms} ms)")
+        return 0
     if args.cmd == "run":
         if args.every <= 0:
             ap.error("--every must be > 0")
