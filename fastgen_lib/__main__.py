@@ -274,6 +274,9 @@ def cmd_bench(args):
     if len(bad):
         print(f"\nWARNING: {len(bad)} rows differ from model.generate:\n"
               f"{bad[['method', 'batch', 'divergence']]}")
+    note = bench.pace_note(df)
+    if note:
+        print("\n" + note)
     return 0
 
 

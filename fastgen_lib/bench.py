@@ -114,6 +114,20 @@ STEP_TARGETS = [  # the fused step's (issue 14): (claim, method, dtype, batch, a
 ]
 
 
+def pace_note(df):
+    """A line for the rows whose timing rounds never ran at the host's full pace (`measure.compare`:
+    no `repeats` rounds within its slack of the process's best pace), or None. A slow host slows
+    what launches from Python (model.generate, the eager decoders) far more than a CUDA graph."""
+    if "full_pace" not in df:
+        return None
+    slow = df[df.full_pace.eq(False)]  # NaN (a merged CSV without it) is not slow
+    if not len(slow):
+        return None
+    return (f"NOTE: the host ran slow in {len(slow)} of {len(df)} rows (pace ratio up to "
+            f"{slow.pace_ratio.max():.2f}): the methods that launch from Python read slow "
+            "there; measure again on an idle host before quoting them")
+
+
 def claims(df, dtype="float32", on_gpu=None):
     """The targets and the article's claims, checked against a ladder or sweep DataFrame
     (the fused step's targets, `STEP_TARGETS`, where its rows have `fused`).

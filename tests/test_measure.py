@@ -290,3 +290,14 @@ def test_sweep_checkpoints_after_every_cell(model, tmp_path):
     saved = pd.read_csv(path)
     assert len(df) == len(saved) == 3 and set(saved.batch) == {1, 2}
     assert not ((saved.method == "naive") & (saved.batch == 2)).any()  # skipped cells are absent, not guessed
+
+
+def test_pace_note_names_the_rows_timed_on_a_slow_host():
+    rows = pd.DataFrame({"method": ["fused", "hf_static", "fused"],
+                         "full_pace": [True, False, False], "pace_ratio": [1.1, 1.9, 1.6]})
+    note = bench.pace_note(rows)
+    assert note.startswith("NOTE: the host ran slow in 2 of 3 rows") and "1.90" in note
+    assert bench.pace_note(rows.assign(full_pace=True)) is None
+    # a merged CSV without the column, or with it empty, says nothing
+    assert bench.pace_note(rows.drop(columns="full_pace")) is None
+    assert bench.pace_note(rows.assign(full_pace=float("nan"))) is None
