@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed: the fused kernels need it")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the probes' imports
 import probe_early_epilogue as probe  # noqa: E402
+from step_ab import kernels_in_place  # noqa: E402
 
 fused = probe.fused
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,7 +49,7 @@ FEATURES = [("ln", "qkv"), ("ln", "gelu"), ("residual",)]
 def test_early_reads_give_the_library_bits(tmp_path, features, B, tiles):
     want = call(features, B, **tiles)
     for name in probe.VARIANTS:
-        with probe.kernels_in_place(probe.variant_kernels(name, tmp_path)):
+        with kernels_in_place(probe.variant_kernels(name, tmp_path)):
             got = call(features, B, **tiles)
         for g, w in zip(got, want):
             assert torch.equal(g, w), (name, features, B, tiles)
@@ -71,7 +72,7 @@ def test_attention_proj_variants_give_the_library_bits(tmp_path, B, H, S, D, col
         return fused.attention_proj(q, k, v, mask, c, w, bias, h.clone(), block_n=16)
     want = run()
     for name in probe.VARIANTS:
-        with probe.kernels_in_place(probe.variant_kernels(name, tmp_path)):
+        with kernels_in_place(probe.variant_kernels(name, tmp_path)):
             assert torch.equal(run(), want), name
 
 
@@ -80,7 +81,7 @@ def test_every_variant_but_the_library_edits_a_kernel_and_puts_it_back(tmp_path)
     for name, edits in probe.VARIANTS.items():
         assert (name == "library") == (not edits)
         kernels = probe.variant_kernels(name, tmp_path)  # each edit finds its line once
-        with probe.kernels_in_place(kernels):
+        with kernels_in_place(kernels):
             for k, kernel in kernels.items():
                 assert getattr(fused, k) is kernel and kernel is not library[k]
         assert {k: getattr(fused, k) for k in library} == library

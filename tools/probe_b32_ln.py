@@ -11,7 +11,6 @@ here, and as the library did before).
 Variants whose name starts with `bound_` skip work the result needs: they say what that work
 costs, and their output is wrong. The others compute the library's result.
 Usage: python tools/probe_b32_ln.py OUT_DIR [alone] [step] (both by default)"""
-import contextlib
 import pathlib
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import torch
 
 from fastgen_lib import fused
 from probe_b32_epilogue import layer_call
-from step_ab import kernel_variant, swap_kernels
+from step_ab import kernel_variant, kernels_in_place, swap_kernels
 
 STATS_1D = [  # LayerNorm's sums per row, reduced across K within each tile: [BLOCK_M], not
     # [BLOCK_M, BLOCK_K] carried through the loop (a program has 1 or 2 tiles at batch 32)
@@ -66,14 +65,9 @@ def variant_kernel(edits, tmp):
     return kernel_variant("_gemv_kernel", edits, tmp)
 
 
-@contextlib.contextmanager
 def kernel_in_place(kernel):
     """`fused.gemv` launches `kernel` inside the block."""
-    undo = swap(kernel)
-    try:
-        yield
-    finally:
-        undo()
+    return kernels_in_place({"_gemv_kernel": kernel})
 
 
 def alone(out):

@@ -19,7 +19,6 @@ The step at batch 1 and 32, float32 and bfloat16, under the interleaved driver (
 mixed, 100 new tokens), the variants alternated over 10 rounds, against `model.generate` and
 the library's tokens (`step_ab.compare_steps`).
 Usage: python tools/probe_early_epilogue.py OUT_DIR [batch ...] (1 32 by default)"""
-import contextlib
 import inspect
 import pathlib
 import sys
@@ -85,37 +84,23 @@ VARIANTS = {  # name: {kernel: edits}
 }
 
 
-
-@contextlib.contextmanager
-def kernels_in_place(kernels):
-    """The library's step functions launch `kernels` inside the block."""
-    undo = swap_kernels(kernels)
-    try:
-        yield
-    finally:
-        undo()
-
-
 def variant_kernels(variant, tmp):
     """{kernel name: kernel} of `variant` (a name of VARIANTS)."""
     return {k: kernel_variant(k, e, tmp) for k, e in VARIANTS[variant].items()}
 
 
-@contextlib.contextmanager
 def steps(tmp):
     """{name: step class} for every variant, its kernels compiled from modules under `tmp`."""
-    out = {}
-    for name, edits in VARIANTS.items():
-        out[name] = (fused.FusedStep if not edits else
-                     patched_step(fused.FusedStep,
-                                  lambda k=variant_kernels(name, tmp): swap_kernels(k), name))
-    yield out
+    return {name: fused.FusedStep if not edits else
+            patched_step(fused.FusedStep, lambda k=variant_kernels(name, tmp): swap_kernels(k),
+                         name)
+            for name, edits in VARIANTS.items()}
 
 
 def main(out, batches):
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp, steps(tmp) as classes:
-        d = compare_steps(classes, (torch.float32, torch.bfloat16), batches, "variant",
+    with tempfile.TemporaryDirectory() as tmp:
+        d = compare_steps(steps(tmp), (torch.float32, torch.bfloat16), batches, "variant",
                           same_as="library")
     d.to_csv(out / "step_early_epilogue.csv", index=False)
     print(d.drop(columns="divergence").to_string())

@@ -1,8 +1,9 @@
 """Shared by the fused step's probes: step backends timed side by side (tools/probe_pdl.py,
 probe_mlp.py, probe_gemv_tiles.py) and one kernel timed inside a CUDA graph (tools/tune_fused.py,
-tune_attention.py), and a library kernel with source lines replaced (`kernel_variant`, `swap_kernels`:
+tune_attention.py), and a library kernel with source lines replaced (`kernel_variant`, `swap_kernels`, `kernels_in_place`:
 probe_b32_ln.py, probe_early_epilogue.py). Imported by those scripts, which run from the repo root as
 `python tools/NAME.py`."""
+import contextlib
 import importlib.util
 import inspect
 import pathlib
@@ -134,3 +135,13 @@ def swap_kernels(kernels):
         for name, kernel in saved.items():
             setattr(fused, name, kernel)
     return undo
+
+
+@contextlib.contextmanager
+def kernels_in_place(kernels):
+    """`swap_kernels(kernels)` for the block: the library's functions launch `kernels` inside."""
+    undo = swap_kernels(kernels)
+    try:
+        yield
+    finally:
+        undo()
