@@ -62,7 +62,8 @@ def save(rows, name):
 def host_cpu():
     """Host CPU time per decode step: thread time of call(N) minus call(1), over N - 1 steps."""
     cols = ["batch", "method", "host_cpu_us_per_step", "q1", "q3", "wall_ms_per_step",
-            "host_cpu_ms_call_1", f"host_cpu_ms_call_{N}"]
+            "host_cpu_ms_call_1", f"host_cpu_ms_call_{N}", "wall_ms_call_1",
+            f"wall_ms_call_{N}"]
     # the check that waits block here: a long kernel, waited for three ways
     probe = []
     for how in ("stream", "event", "device"):
@@ -101,7 +102,8 @@ def host_cpu():
             cpu = [(a[0] - b[0]) / (N - 1) * 1e6 for a, b in zip(t[m, N], t[m, 1])]
             wall = [(a[1] - b[1]) / (N - 1) * 1e3 for a, b in zip(t[m, N], t[m, 1])]
             med, q1, q3 = measure.spread(cpu)
-            calls_ms = [1e3 * measure.spread([x[0] for x in t[m, n]])[0] for n in (1, N)]
+            calls_ms = [1e3 * measure.spread([x[i] for x in t[m, n]])[0]
+                        for i in (0, 1) for n in (1, N)]  # CPU, then wall, per call
             rows.append(dict(zip(cols, [batch, m, med, q1, q3, measure.spread(wall)[0],
                                         *calls_ms])))
     save(rows, "host_cpu.csv")
