@@ -131,16 +131,33 @@ def test_saved_outputs_show_the_lesson(stem, lesson, check):
     assert check(r), f"{stem}: the saved outputs contradict '{lesson}': {r}"
 
 
+STOPS = r"EOS at new token \(0: the prefill's; None: never\): \[(.*?)\]"
+
+
 def test_chapter_9_token_check_has_rows_that_stop_apart():
     # the fused step is checked with early stopping: rows stop at different steps, one never, and
     # the tokens are model.generate's
     text = "".join("".join(o.get("text", "")) for c in cells(ROOT / "notebooks/09_fused.ipynb")
                    for o in c.get("outputs", []))
-    m = re.search(r"steps at which rows stop \(None: never\): \[(.*?)\]", text)
+    m = re.search(STOPS, text)
     assert m, "chapter 9's token check printed no stops"
     stops = [s.strip() for s in m.group(1).split(",")]
     assert len(set(stops) - {"None"}) >= 2 and "None" in stops, stops
     assert "equal to model.generate: True" in text
+
+
+def test_chapter_10_token_checks_stop_apart_and_end_the_call_early():
+    # gpu_loop is checked twice: rows that stop apart and rows that never stop, then every row
+    # stopping, so that the loop on the GPU ends the call before its budget of 40 tokens
+    text = "".join("".join(o.get("text", "")) for c in cells(ROOT / "notebooks/10_gpu_loop.ipynb")
+                   for o in c.get("outputs", []))
+    runs = re.findall(r"(\d+) new tokens a row\n\s*" + STOPS, text)
+    assert len(runs) == 2, f"chapter 10's token checks printed {len(runs)} runs"
+    (_, first), (made, second) = [(int(n), [s.strip() for s in m.split(",")]) for n, m in runs]
+    assert len(set(first) - {"None"}) >= 2 and "None" in first, first
+    assert "None" not in second and int(made) < 40, (made, second)
+    assert text.count("equal to model.generate: True") == 4
+    assert "equal to model.generate: False" not in text
 
 
 @pytest.mark.parametrize("path", current(NOTEBOOKS))
