@@ -51,8 +51,6 @@ LESSONS = [
      lambda r: r["ch2_before_inactive_split_mb"] < 100),
     ("03_expandable_segments", "the measured run starts from a clean allocator",
      lambda r: r["ch3_leftover_inactive_split_mb"] < 100),
-    ("03_expandable_segments", "expandable segments leave no more inactive split than the default",
-     lambda r: r["ch3_inactive_split_expandable_mb"] <= r["ch3_inactive_split_default_mb"]),
     ("04_static_cache", "unused cache positions cost time: at batch 32, 1024 slots are slower than 128",
      lambda r: r["ch4_step_ms_b32_L1024"] > 1.2 * r["ch4_step_ms_b32_L128"]),
     ("05_compiled", "one_query attention makes the float32 compiled step faster at batch 1",
@@ -132,6 +130,19 @@ def test_saved_outputs_show_the_lesson(stem, lesson, check):
 
 
 STOPS = r"EOS at new token \(0: the prefill's; None: never\): \[(.*?)\]"
+
+
+def test_chapter_3_expandable_segments_hold_less_memory_unused():
+    # the lesson in the table's own rows: memory held but unused and peak reserved both fall (its
+    # inactive-split rows cannot show it: the allocator leaves expandable segments out of them)
+    table = next("".join(o["data"]["text/plain"]) for c in cells(ROOT / "notebooks/"
+                 "03_expandable_segments.ipynb") if c.get("id") == "ch3-05"
+                 for o in c.get("outputs", []) if "text/plain" in o.get("data", {}))
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:] if line.strip()}
+    for row in ("peak_reserved_minus_allocated_mb", "peak_reserved_mb"):
+        default, expandable = map(float, rows[row])
+        assert expandable < default, (row, default, expandable)
+    assert rows["setting_took_effect"] == ["True", "True"], rows["setting_took_effect"]
 
 
 def test_chapter_9_token_check_has_rows_that_stop_apart():
