@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 _HOME = {"DECODERS": "decoders", "generate": "decoders", "reset": "decoders",
          "load_model": "models", "load_tokenizer": "models", "make_batch": "models",
          "set_eos_bias": "models"}
-_SUBMODULES = {"bench", "book", "decoders", "fused", "measure", "memory", "models", "names",
+_SUBMODULES = {"bench", "book", "decoders", "fused", "measure", "memory", "models", "registry",
                "plots", "reference", "steps", "stops", "traces", "widgets"}
 
 

@@ -10,13 +10,11 @@ import os
 import sys
 import time
 
-from .names import DECODER_NAMES, HF_METHOD_NAMES
+from .registry import DECODER_NAMES, METHODS
 
 N_POSITIONS = 1024  # GPT-2's n_positions (124m, tiny): checked here; other models by the library
 GPT2 = (None, "124m", "gpt2", "tiny")  # --size values that are GPT-2 (None: the default size)
 VOCAB = 50257
-METHODS = list(DECODER_NAMES) + list(HF_METHOD_NAMES)
-COMPILED = {"compiled", "deferred", "interleaved", "fused", "gpu_loop"}  # compile on their first call
 
 
 def fail(message):
@@ -56,7 +54,7 @@ def rough_seconds(args, methods, size, skip=None):
             ms = [m for m in methods if not (skip and skip(m, b, n))]
             weight = sum(3 if m == "naive" else 1 for m in ms) + 1
             total += (args.repeats + 2) * (n + 3) * step * weight * len(args.dtype)
-        total += 20 * len(args.dtype) if COMPILED & set(methods) else 0
+        total += 20 * len(args.dtype) if any(METHODS[m].compiles for m in methods) else 0
     return total
 
 
@@ -209,10 +207,12 @@ def cmd_bench(args):
     from . import bench, measure, plots
     from .models import default_size, load_model
     cuda = torch.cuda.is_available()
-    for name in {"fused", "gpu_loop"} & set(args.methods or []):
-        if not cuda and not args.merge:
-            fail(f"the {name} decoder needs a CUDA GPU with Triton, and this machine has none")
-    methods = args.methods or bench.LADDER
+    for name in [] if args.merge else args.methods or []:
+        missing = [n for n in METHODS[name].needs if not bench.have(n)]
+        if missing:
+            fail(f"the {name} decoder needs {' and '.join(missing)}, which this machine has not")
+    methods = args.methods or bench.runnable(
+        bench.LADDER if args.sweep else METHODS if args.full else bench.HEADLINE)
     size = args.size or default_size()
     if args.merge:  # no measuring: CSVs of earlier runs (a sweep over GPUs) -> one CSV
         frames = [pd.read_csv(f) for f in args.merge]
@@ -263,6 +263,9 @@ def cmd_bench(args):
                              f"model on this {'GPU' if cuda else 'CPU'} they only show "
                              f"that the code runs)"))
         print(claims.to_string(index=False))
+    print("\n" + bench.LEGEND)
+    if not (cuda and size == "124m"):
+        print(f"The book's GPU numbers (GPT-2 124M on an H200): {bench.GPU_RESULTS}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         name = "sweep" if args.sweep else "ladder"
@@ -378,8 +381,11 @@ def parser():
     b = sub.add_parser("bench", help="the ladder of decoders beside model.generate")
     common(b, batch=(1, 32), new_tokens=(100,))
     b.add_argument("--methods", nargs="+", default=None,
-                   help=f"any of {', '.join(METHODS)} (default: all but fused and "
-                        "gpu_loop, which run by name)")
+                   help=f"any of {', '.join(METHODS)} (default: the headline, "
+                        "those of naive, interleaved, fused, gpu_loop and model.generate "
+                        "that this machine runs)")
+    b.add_argument("--full", action="store_true",
+                   help="every method this machine runs, not only the headline")
     b.add_argument("--sweep", action="store_true",
                    help="the grid: batch x new tokens for the first dtype, the "
                         "100-token column for the others (eager methods only where "

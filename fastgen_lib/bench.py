@@ -1,28 +1,52 @@
 """The benchmark: our decoders beside `model.generate` (its default cache, and its static cache, which
 compiles itself on CUDA), in one process, on the same prompts, tokens checked. Book: chapter 8."""
+import importlib.util
 import itertools
-import textwrap
 
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
 from . import measure
-from .reference import first_divergence, hf_generate
-from .decoders import DECODERS, generate
+from .decoders import generate
 from .models import prompts_for, stop_ids
+from .reference import first_divergence, hf_generate
+from .registry import METHODS
 
-HF_METHODS = {"hf_dynamic": {}, "hf_static": {"cache_implementation": "static"}}
-METHODS = list(DECODERS) + list(HF_METHODS)  # every name the bench takes
-BEYOND = ("fused", "gpu_loop")  # past the article's ladder (chapter 9 on): by name only, e.g. --methods fused
-LADDER = [m for m in METHODS if m not in BEYOND]  # the default: the article's ladder
-STATIC = {"static_cache", "compiled", "deferred", "interleaved", "hf_static"}  # attend over all T+N slots
-# (fused reads only the slots used so far: T + N/2 on average, as the dynamic caches)
+HF_METHODS = {n: m.reference for n, m in METHODS.items() if not m.step}  # model.generate's rows
+LADDER = [n for n, m in METHODS.items() if m.chapter <= 8]  # the article's ladder (chapter 8)
+HEADLINE = [n for n, m in METHODS.items() if m.headline]  # the default run
+STATIC = {n for n, m in METHODS.items() if m.static}  # attend over all T+N slots (the floor's bytes)
+GPU_RESULTS = "results/h200/ (chapter 8: notebooks/08_results.ipynb)"
+LEGEND = """\
+ttft_ms: time to first token (the prefill and one token choice), ms
+ms_per_step: each later decode step, ms (whole call minus ttft, over the other steps)
+floor_ms_per_step: the bytes a step must read / the measured bandwidth (x_floor: the ratio)
+tokens_per_s: new tokens of all rows per second of the whole call
+x_vs_hf_static: whole-call speedup over model.generate with its static cache
+tokens_match: the same tokens as model.generate (like with like: registry.Method.reference)
+median of alternated rounds after a warm-up; the first call (compiling) is timed apart"""
+
+
+def have(need):
+    """Whether this machine has `need` ("cuda", "triton", "cuda-bindings")."""
+    if need == "cuda":
+        return torch.cuda.is_available()
+    try:
+        return importlib.util.find_spec(need.replace("-", ".")) is not None
+    except ModuleNotFoundError:  # cuda.bindings without its parent package
+        return False
+
+
+def runnable(names):
+    """The methods of `names` whose needs this machine has (in registry order)."""
+    return [n for n in METHODS if n in names and all(map(have, METHODS[n].needs))]
 
 
 def method_call(model, ids, mask, method, max_new_tokens):
     """`call(n)` for one of METHODS: `n` new tokens, on a cache sized for `max_new_tokens`."""
     eos, pad = stop_ids(model)
-    if method in DECODERS:
+    if METHODS[method].step:
         return measure.decoder_call(model, ids, mask, method, max_new_tokens, eos_token_id=eos,
                                     pad_token_id=pad)
 
@@ -41,11 +65,12 @@ def ladder(model, batch=1, prompt_len=16, max_new_tokens=100, methods=LADDER, re
     ids, mask = prompts_for(model, batch, prompt_len, seed=batch)
     ref = hf_generate(model, ids, mask, max_new_tokens, *stop_ids(model))
     calls = {m: method_call(model, ids, mask, m, max_new_tokens) for m in methods}
-    if progress:
-        print(f"batch {batch}, {max_new_tokens} tokens, {repeats} rounds:\n"
-              + textwrap.fill(", ".join(methods), 88, initial_indent="  ",
-                              subsequent_indent="  "), flush=True)
-    rows, outs = measure.measure_calls(model, ids, calls, max_new_tokens, repeats)
+    timed = len(calls) * (2 if max_new_tokens > 1 else 1)
+    bar = tqdm(total=len(calls) + timed * (1 + repeats), unit="call", disable=not progress,
+               desc=f"batch {batch}, {max_new_tokens} tokens, {model.dtype}".replace("torch.", ""))
+    with bar:
+        rows, outs = measure.measure_calls(model, ids, calls, max_new_tokens, repeats,
+                                           progress=bar.update)
     for row in rows:
         div = first_divergence(model, ids, mask, ref, outs[row["method"]])
         row["tokens_match"] = div is None
@@ -168,10 +193,8 @@ def claims(df, dtype="float32", on_gpu=None):
 
 
 def summary(df):
-    """The table people read: one row per method (the rows keep the rest: quartiles of the whole
-    call, the first call's time with its compilation, the conditions)."""
-    cols = ["method", "batch", "new_tokens", "median_s", "ttft_ms", "ms_per_step", "tokens_per_s",
-            "x_vs_naive", "x_vs_hf_static", "tokens_match"]
-    if "floor_ms_per_step" in df:
-        cols += ["floor_ms_per_step", "x_floor"]
+    """The table people read (`LEGEND` says its columns): one row per method. The CSV keeps the
+    rest: quartiles, the whole call's time, the first call with its compilation, the conditions."""
+    cols = ["method", "batch", "ttft_ms", "ms_per_step", "floor_ms_per_step", "x_floor",
+            "tokens_per_s", "x_vs_hf_static", "tokens_match"]
     return df[[c for c in cols if c in df]]

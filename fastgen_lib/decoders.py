@@ -1,71 +1,53 @@
 """The decoders, one per chapter: each is a step backend (`steps.py`: how a step is
 computed) driven by a stop driver (`stops.py`: when the host learns that every row has
-finished). All have the same signature and, under greedy decoding, the same tokens as
-`model.generate`:
-
-    decoder      ch.  step backend  stop driver  what changes
-    naive         1   NaiveStep     every_step   re-runs the whole sequence: O(N^2)
-    kv_cache      2   DynamicStep   every_step   DynamicCache: one position more a step
-    static_cache  4   StaticStep    every_step   StaticCache: one buffer, final length
-    compiled      5   GraphStep     every_step   torch.compile, replayed as a CUDA graph
-    deferred      7   GraphStep     deferred     reads step i-1's flag while step i runs
-    interleaved   7   GraphStep     interleaved  deferred, two CUDA streams in ping-pong
-    fused         9   FusedStep     interleaved  the step as Triton kernels: GPT-2, CUDA
-    gpu_loop     10   FusedStep     gpu_loop     every step and the stop, one launch
-
-`generate()` is the entry point. A GraphStep is kept on the model for the next call
-with the same shapes and settings (its compile, graphs and buffers); `reset(model)`
-frees them.
+finished), paired in `registry.METHODS`. All have the same signature and, under greedy
+decoding, the same tokens as `model.generate`. `generate()` is the entry point. A
+GraphStep is kept on the model for the next call with the same shapes and settings (its
+compile, graphs and buffers); `reset(model)` frees them. Calls on one model from several
+threads queue: one runs at a time.
 """
+import importlib
 import math
 import numbers
 import operator
+import threading
 from dataclasses import replace
 
 import numpy as np
 import torch
 
-from .steps import DynamicStep, GenConfig, GraphStep, NaiveStep, StaticStep, attention_choice
-from .gpu_loop import gpu_loop
-from .stops import deferred, every_step, interleaved
+from .registry import METHODS
+from .steps import GenConfig, attention_choice
+
+DECODERS = {n: m for n, m in METHODS.items() if m.step}  # public name -> registry entry
 
 
-class Fused:
-    """`fused.FusedStep`, imported on first use (it imports Triton). It refuses, before anything
-    runs, a model that is not GPT-2 or not on a CUDA GPU (on a CPU it runs only under Triton's
-    interpreter, TRITON_INTERPRET=1 before triton is imported: the CPU tests)."""
-    graph = True  # one CUDA graph per flag slot: two streams may run it
+def parts(decoder):
+    """`decoder`'s step backend and stop driver, imported on first use (the fused step imports
+    Triton): a ValueError names what is missing."""
+    m = DECODERS[decoder]
 
-    @classmethod
-    def start(cls, model, input_ids, attention_mask, gen, slots=(0,)):
+    def load(ref):
+        module, name = ref.split(":")
         try:
-            from .fused import FusedStep
+            return getattr(importlib.import_module(f".{module}", __package__), name)
         except ImportError as e:
-            raise ValueError(f"the fused decoder needs Triton ({e}); it comes with torch's CUDA "
-                             "builds on Linux") from e
-        return FusedStep.start(model, input_ids, attention_mask, gen, slots)
-
-
-DECODERS = {  # public name -> (step backend, stop driver)
-    "naive": (NaiveStep, every_step),
-    "kv_cache": (DynamicStep, every_step),
-    "static_cache": (StaticStep, every_step),
-    "compiled": (GraphStep, every_step),
-    "deferred": (GraphStep, deferred),
-    "interleaved": (GraphStep, interleaved),
-    "fused": (Fused, interleaved),
-    "gpu_loop": (Fused, gpu_loop),
-}
+            raise ValueError(f"the {decoder} decoder needs {' and '.join(m.needs)} ({e}); "
+                             "Triton comes with torch's CUDA builds on Linux") from e
+    return load(m.step), load(m.stop)
 
 
 def decode(model, input_ids, attention_mask, gen, step_backend, stop_driver, streamer=None):
     """One decode: the backend runs the prompt and chooses its token, the driver runs the other steps
-    and says how many tokens to keep. Any backend works with any driver, except that two CUDA streams
-    (`interleaved` on a GPU) need a step that allocates nothing (`graph`). A `streamer` gets what
-    `model.generate` gives one: the prompt, each new token [B] in order, then `end()`."""
-    if stop_driver is interleaved and input_ids.is_cuda and not step_backend.graph:
-        raise ValueError(f"interleaved needs a step that allocates nothing: {step_backend.__name__} "
-                         "allocates on every step")
+    and says how many tokens to keep. Any backend works with any driver that it offers what the
+    driver needs on a CUDA GPU (`stops.Driver.needs`, the backend's `offers(gen)`). A `streamer`
+    gets what `model.generate` gives one: the prompt, each new token [B] in order, then `end()`."""
+    name = getattr(stop_driver.run, "__name__", "this stop driver")
+    if input_ids.is_cuda or stop_driver.cuda:
+        for need in sorted(stop_driver.needs - step_backend.offers(gen)):
+            raise ValueError(f"{name} needs {need}: {step_backend.__name__} does not offer it")
+    if stop_driver.cuda and not input_ids.is_cuda:
+        raise ValueError(f"{name} needs a CUDA GPU, and the inputs are on {input_ids.device}")
     step = step_backend.start(model, input_ids, attention_mask, gen, stop_driver.slots)
     if streamer is None:
         return step.tokens(stop_driver(step, gen.max_new_tokens))
@@ -78,9 +60,10 @@ def decode(model, input_ids, attention_mask, gen, step_backend, stop_driver, str
 def attention_of(model, decoder, decode_attention="auto"):
     """The attention that `decoder`'s decode steps run: GraphStep's choice (`attention_choice`), or
     the model's own for the eager steps and `model.generate`. Every result row records it."""
-    if decoder in ("fused", "gpu_loop"):
+    step = DECODERS[decoder].step if decoder in DECODERS else ""
+    if step == "fused:FusedStep":
         return "fused"  # its own Triton kernel (fused.attention)
-    if decoder in DECODERS and DECODERS[decoder][0] is GraphStep:
+    if step == "steps:GraphStep":
         return attention_choice(model.dtype, decode_attention)
     return model.config._attn_implementation
 
@@ -89,7 +72,14 @@ def reset(model):
     """Free what the compiled decoders keep on `model` (each GraphStep's StaticCache, buffers and CUDA
     graphs; `torch.cuda.empty_cache()` then returns the memory to the GPU). Returns how many there
     were. The compiled code stays: torch.compile keeps it per process (`torch.compiler.reset()`)."""
-    return len(model.__dict__.pop("_fastgen_steps", {}))
+    with lock(model):
+        return len(model.__dict__.pop("_fastgen_steps", {}))
+
+
+def lock(model):
+    """`model`'s lock: calls from several threads queue (the compiled decoders keep one set of
+    buffers and graphs per shape on the model)."""
+    return model.__dict__.setdefault("_fastgen_lock", threading.RLock())
 
 
 # --- the entry point -------------------------------------------------------------------------------------
@@ -111,9 +101,11 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
     tokens as they are made, as from `model.generate(streamer=...)`: with `deferred` and `interleaved`,
     one step late, while the next step runs (chapter 7). Integer arguments accept any integer-like
     scalar (numpy ints, 0-d tensors). Bad input gets a ValueError or TypeError naming the argument,
-    before anything runs."""
+    before anything runs. Calls on one model from several threads queue, one at a time, each with
+    its serial call's tokens (`lock`)."""
     if not isinstance(decoder, str) or decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}: choose one of {', '.join(DECODERS)}")
+    supported(model, DECODERS[decoder])
     if eos_token_id is None:
         eos_token_id = model.generation_config.eos_token_id
     if pad_token_id is None:
@@ -128,23 +120,33 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
     if gen.do_sample and seed is None:  # from torch's CPU generator: torch.manual_seed fixes it
         gen = replace(gen, seed=int(torch.randint(0, 2**32, (), dtype=torch.long)))
     # the named range lets a profiler trace tell the decode from the input checks above
-    with torch.inference_mode(), torch.profiler.record_function(f"fastgen.{decoder}"):
-        return decode(model, input_ids, attention_mask, gen, *DECODERS[decoder], streamer)
+    backend, driver = parts(decoder)
+    with lock(model), torch.inference_mode(), torch.profiler.record_function(f"fastgen.{decoder}"):
+        return decode(model, input_ids, attention_mask, gen, backend, driver, streamer)
 
 
-def supported(model):
-    """A ValueError naming the model type and the reason, for a model the decoders cannot run: not a
-    decoder-only causal LM, or a cache layout StaticCache does not hold (it needs full attention
-    layers; transformers says so with `_can_compile_fullgraph`)."""
+def supported(model, method=None):
+    """A ValueError naming the model type and the reason, for a model the decoders (or registry
+    entry `method`) cannot run: not a decoder-only causal LM, a cache layout StaticCache does not
+    hold (it needs full attention layers; transformers says so with `_can_compile_fullgraph`), or
+    a family outside `method.families`. A TypeError for what is not a transformers model."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        hint = f": load it first, fg.load_model({model!r})" if isinstance(model, str) else ""
+        raise TypeError(f"model must be a transformers causal LM, got {type(model).__name__}"
+                        + hint)
     cfg, kind = model.config, getattr(model.config, "model_type", type(model).__name__)
-    if getattr(cfg, "is_encoder_decoder", False) or not hasattr(model, "get_output_embeddings"):
+    if getattr(cfg, "is_encoder_decoder", False):
         raise ValueError(f"{kind}: an encoder-decoder model; the decoders run decoder-only causal LMs")
-    if model.get_output_embeddings() is None:
+    if not hasattr(model, "generation_config") or not hasattr(model, "get_output_embeddings") \
+            or model.get_output_embeddings() is None:
         raise ValueError(f"{kind}: no language-model head ({type(model).__name__}); load it with "
                          "AutoModelForCausalLM")
     if not getattr(model, "_can_compile_fullgraph", False):
         raise ValueError(f"{kind}: transformers does not support a static cache (StaticCache) for "
                          "this model, which the compiled decoders need")
+    if method is not None and method.families and kind not in method.families:
+        raise ValueError(f"the {method.name} decoder runs {', '.join(method.families)} models, not "
+                         f"{kind}: the decoders up to interleaved run it")
 
 
 def _int(name, value, lo, hi=None, none=False):
@@ -169,7 +171,6 @@ def _validate(model, input_ids, attention_mask, max_new_tokens, max_cache_len, e
     """Bad input gets a ValueError/TypeError naming the problem, before any state is touched.
     Returns the GenConfig and the attention mask as int64."""
     cfg = model.config
-    supported(model)
     if model.training:
         raise ValueError("the model is in training mode (dropout on: every call would differ): "
                          "call model.eval() first")

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .steps import GraphStep, choose
+from .stops import LOOP_BODY
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on the CPU (numpy)
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))  # a global a kernel reads: constexpr
@@ -854,6 +855,10 @@ class FusedStep(GraphStep):
     pdl: the kernels as programmatic dependent launches; None: where the GPU has them."""
 
     pdl = None
+
+    @classmethod
+    def offers(cls, gen):  # sampling's torch ops allocate as they are captured
+        return super().offers(gen) | (set() if gen.do_sample else {LOOP_BODY})
 
     def __init__(self, model, batch, length, gen):
         cfg = model.config

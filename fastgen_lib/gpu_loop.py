@@ -16,6 +16,8 @@ import functools
 import numpy as np
 import torch
 
+from .stops import LOOP_BODY, Driver
+
 CONDITION = r"""
 typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
 extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(
@@ -149,13 +151,11 @@ def copy(dst, src, kind, stream):
 def gpu_loop(step, max_new_tokens, streamer=None):
     """Stop driver, chapter 10: all the steps as one graph launch; the host waits once, at the end,
     and reads how many steps ran from pinned memory. The step must allocate nothing while it runs
-    (`FusedStep` under greedy decoding). Streaming is refused: the host sees no token until the end."""
+    (`stops.LOOP_BODY`, which `decoders.decode` checks). Streaming is refused: the host sees no token
+    until the end."""
     if streamer is not None:
         raise ValueError("gpu_loop cannot stream: the host sees no token "
                          "until the end")
-    if getattr(step.chooser, "do_sample", False) or not hasattr(step, "buf"):
-        raise ValueError("gpu_loop runs the fused step under greedy decoding "
-                         "(a step that allocates nothing): without do_sample")
     loop = step.__dict__.get("_gpu_loop")
     if loop is None:
         loop = step._gpu_loop = Loop(step)
@@ -165,4 +165,4 @@ def gpu_loop(step, max_new_tokens, streamer=None):
     return max_new_tokens - int(loop.host[1])
 
 
-gpu_loop.slots = (0,)
+gpu_loop = Driver(gpu_loop, needs=frozenset({LOOP_BODY}), cuda=True)

@@ -70,7 +70,7 @@ def host_pace(n=20_000):
     return best
 
 
-def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
+def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None, progress=None):
     """The book's timing protocol. `calls` maps names to functions. Each is called
     `warmup` times (compile, capture, lazy init), then rounds run every call once, in
     turn (A B C A B C ...), so that a slow moment of the machine hits all methods alike.
@@ -81,7 +81,7 @@ def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
     repeats; then the `repeats` best-paced). `pace_slack=None` keeps every round.
     Returns ({name: [seconds]}, {name: last result}, {"rounds": rounds run, "full_pace":
     whether `repeats` of them ran at full pace, "pace_ratio": the kept rounds' median
-    pace over the best})."""
+    pace over the best}). `progress(1)`, if given, is called after every call."""
     if pace_slack is not None and pace_slack < 1:
         raise ValueError(f"pace_slack={pace_slack}: a ratio to the best pace, "
                          ">= 1 (or None)")
@@ -93,6 +93,8 @@ def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
     for _ in range(warmup):
         for name, fn in calls.items():
             out[name] = fn()
+            if progress:
+                progress(1)
     sync()
 
     def full(rounds):  # the rounds where the host ran at full pace
@@ -114,6 +116,8 @@ def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None):
                 # host waits for the GPU here: the timer stops when the GPU has finished
                 sync()
                 t[name] = time.perf_counter() - t0
+                if progress:
+                    progress(1)
                 # after every call, not only the round: a host slow for seconds shows
                 pace = max(pace, host_pace()) if pace_slack else 0.0
             rounds.append((pace, t))
@@ -149,12 +153,13 @@ def decoder_call(model, input_ids, attention_mask, decoder, max_new_tokens, **ge
     return call
 
 
-def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1):
+def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1, progress=None):
     """Time methods side by side. `calls` maps a method name to `call(n)`, which
     generates `n` new tokens. For each method, `call(max_new_tokens)` and `call(1)` are
     timed, all alternated (`compare`). `call(1)` is the time to first token (the prefill
     and one token choice); the decode time per step is the difference, over the other
-    steps, taken round by round. Returns (rows, {method: tokens})."""
+    steps, taken round by round. `progress(1)` is called after every call. Returns
+    (rows, {method: tokens})."""
     first_s = {}
     # the first call of each holds its compile: reported apart
     for m, c in calls.items():
@@ -162,12 +167,16 @@ def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1)
         c()
         sync()
         first_s[m] = time.perf_counter() - t0
+        if progress:
+            progress(1)
     timed = {}
     for m, c in calls.items():
         timed[m] = c
         if max_new_tokens > 1:
             timed[f"{m}@1"] = lambda c=c: c(1)
-    times, outs, stats = compare(timed, repeats, warmup)
+    # on a CPU the calls run on the host itself: its pace is what is timed, not a disturbance
+    slack = 1.3 if input_ids.is_cuda else None
+    times, outs, stats = compare(timed, repeats, warmup, slack, progress=progress)
     rows = [_row(model, input_ids, max_new_tokens, m, times[m],
                  times.get(f"{m}@1", times[m]), outs[m], first_s[m],
                  getattr(calls[m], "decode_attention", None)) | stats

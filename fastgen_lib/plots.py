@@ -6,9 +6,11 @@ import matplotlib.pyplot as plt  # matplotlib picks its backend: Agg where there
 import numpy as np
 
 from .measure import fit_exponent
+from .registry import METHODS
 
-ORDER = ["naive", "kv_cache", "static_cache", "compiled", "deferred", "interleaved", "hf_dynamic", "hf_static"]
-COLORS = dict(zip(ORDER, plt.get_cmap("tab10").colors))
+ORDER = list(METHODS)  # every figure's order, colours and labels: the registry's
+COLORS = {n: m.color for n, m in METHODS.items()}
+LABELS = {n: m.label for n, m in METHODS.items()}
 
 
 def footer(fig, cond, extra=""):
@@ -168,9 +170,6 @@ def save_bench_figures(df, out, name):
 
 # --- chapter 8 and the book's front page ---------------------------------------------------------------
 
-LABELS = {"naive": "naive (ch. 1)", "kv_cache": "kv_cache (ch. 2)", "static_cache": "static_cache (ch. 4)",
-          "compiled": "compiled (ch. 5)", "deferred": "deferred (ch. 7)", "interleaved": "interleaved (ch. 7)",
-          "hf_dynamic": "model.generate, dynamic cache", "hf_static": "model.generate, static cache"}
 DTYPE_COLORS = {"float32": "tab:blue", "bfloat16": "tab:orange", "float16": "tab:green"}
 
 

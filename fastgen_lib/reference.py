@@ -2,17 +2,10 @@
 Where two correct programs disagree, `first_divergence` shows why: the top-2 logit gap at that step."""
 import torch
 
+from .registry import METHODS
+
 # Which `model.generate` call each decoder must reproduce token for token (like with like).
-HF_REFERENCE = {
-    "naive": dict(use_cache=False),
-    "kv_cache": dict(),
-    "static_cache": dict(cache_implementation="static"),
-    "compiled": dict(),
-    "deferred": dict(),
-    "interleaved": dict(),
-    "fused": dict(),
-    "gpu_loop": dict(),
-}
+HF_REFERENCE = {n: m.reference for n, m in METHODS.items() if m.step}
 
 
 def hf_generate(model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id, **kwargs):

@@ -1,7 +1,8 @@
-"""Step backends: how one decode step is computed (`decoders.py` pairs each with a stop driver).
+"""Step backends: how one decode step is computed (`registry.py` pairs each with a stop driver).
 `start(model, input_ids, attention_mask, gen, slots)` runs the prompt and chooses its token; then
 `step(slot)` launches one more step, which writes the next token into `step.out` and "every row has
-finished" into `step.done[slot]`, and never waits for the GPU. Chapters 1-2, 4 (eager) and 5 (graph).
+finished" into `step.done[slot]`, and never waits for the GPU; `offers(gen)` says what a driver may
+rely on (`stops.REPLAYS`). Chapters 1-2, 4 (eager) and 5 (graph).
 """
 import contextlib
 import functools
@@ -16,6 +17,8 @@ from transformers import AttentionInterface, DynamicCache, StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .stops import REPLAYS
 
 MAX_GRAPH_STEPS = 8  # GraphSteps (cache + graphs) kept per model; the least recently used goes first
 WARMUP_SLOTS = (0, 1, 0)  # the steps a GraphStep runs before capture: each slot, then one more
@@ -137,7 +140,11 @@ class EagerStep:
     slightly larger allocation per layer: what fragments the caching allocator), StaticCache is
     allocated once at `max_cache_len` slots and every step attends over all of them."""
     cache_class = None
-    graph = False  # allocates during a step: two CUDA streams would need record_stream everywhere
+
+    @classmethod
+    def offers(cls, gen):
+        """Nothing: a step allocates (two CUDA streams would need record_stream everywhere)."""
+        return frozenset()
 
     @classmethod
     def start(cls, model, input_ids, attention_mask, gen, slots=(0,)):
@@ -323,7 +330,10 @@ class GraphStep:
     batch, cache length, settings) and kept on the model: `decoders.reset(model)` frees them.
     A step is self-contained on the device: it reads `tok`/`step_pos`, writes the next token into
     `out` and `tok`, and sets `done[slot]`, so the host only launches it."""
-    graph = True  # allocates nothing during a step: safe on any stream
+
+    @classmethod
+    def offers(cls, gen):
+        return frozenset({REPLAYS})  # allocates nothing during a step: safe on any stream
 
     @classmethod
     def start(cls, model, input_ids, attention_mask, gen, slots=(0,)):

@@ -1,8 +1,30 @@
-"""Stop drivers: when the host learns that every row has finished (`decoders.py` pairs each with a
+"""Stop drivers: when the host learns that every row has finished (`registry.py` pairs each with a
 step backend). A driver takes a step that has run the prompt, launches the other steps, and returns
-how many new tokens to keep; `driver.slots` are the flag slots (and so graphs) it uses. Ch. 5-7.
+how many new tokens to keep. Each is declared as a `Driver`: its flag slots (and so graphs) and
+what it needs of a step, which `decoders.decode` checks against the step's `offers`. Ch. 5-7.
 """
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
+
+# What a step backend offers a driver (`offers(gen)` on the backend) and a driver may need:
+REPLAYS = "a step that allocates nothing while it runs (one CUDA graph replay)"
+LOOP_BODY = ("a step whose capture allocates nothing, so a CUDA graph's WHILE node holds it "
+             "(the fused step under greedy decoding: without do_sample)")
+
+
+@dataclass(frozen=True)
+class Driver:
+    """A stop driver: `run(step, max_new_tokens, streamer)`, the flag slots it uses, what it
+    needs of a step on a CUDA GPU, and whether it runs only there."""
+    run: Callable
+    slots: tuple = (0,)
+    needs: frozenset = frozenset()
+    cuda: bool = False
+
+    def __call__(self, step, max_new_tokens, streamer=None):
+        return self.run(step, max_new_tokens, streamer)
 
 
 def every_step(step, max_new_tokens, streamer=None):
@@ -21,7 +43,7 @@ def every_step(step, max_new_tokens, streamer=None):
     return max_new_tokens
 
 
-every_step.slots = (0,)
+every_step = Driver(every_step)
 
 
 class Flags:
@@ -83,14 +105,14 @@ def deferred(step, max_new_tokens, streamer=None):
     return max_new_tokens
 
 
-deferred.slots = (0, 1)
+deferred = Driver(deferred, slots=(0, 1))
 
 
 def interleaved(step, max_new_tokens, streamer=None):
     """Ch. 7, the final driver: `deferred` on two CUDA streams in ping-pong. Step i runs on stream i%2
     with its own graph and flag slot; the next step waits (on the GPU) only for step i's compute, so the
     flag copy of step i overlaps step i+1 instead of sitting between them. On a CPU there are no streams
-    and this is `deferred`. Needs a step that allocates nothing (`step.graph`)."""
+    and this is `deferred`. Needs a step that allocates nothing (`REPLAYS`)."""
     if not step.out.is_cuda:
         return deferred(step, max_new_tokens, streamer)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
@@ -121,4 +143,4 @@ def interleaved(step, max_new_tokens, streamer=None):
     return n
 
 
-interleaved.slots = (0, 1)
+interleaved = Driver(interleaved, slots=(0, 1), needs=frozenset({REPLAYS}))

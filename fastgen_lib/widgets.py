@@ -5,6 +5,8 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 from IPython.display import display
 
+from .registry import DECODER_NAMES
+
 
 def rerun(experiment, description="Run", **controls):
     """A form: one widget per keyword of `experiment`, a button, and an output area. `experiment(**values)`
@@ -39,5 +41,4 @@ def tokens_slider(value=100, options=(25, 50, 100, 200, 400)):
 
 
 def decoder_picker(value=("kv_cache", "interleaved")):
-    from .decoders import DECODERS
-    return W.SelectMultiple(options=list(DECODERS), value=tuple(value), description="decoders")
+    return W.SelectMultiple(options=DECODER_NAMES, value=tuple(value), description="decoders")
