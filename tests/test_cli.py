@@ -61,21 +61,6 @@ def test_help_is_quick_and_loads_no_torch():
         assert p.stdout.splitlines()[-1] == "False False", p.stdout
 
 
-def test_names_are_the_librarys():
-    # the CLI offers fastgen_lib.names without importing torch; the library must agree
-    import fastgen_lib
-    from fastgen_lib import bench, names
-    assert tuple(fastgen_lib.DECODERS) == names.DECODER_NAMES
-    assert bench.METHODS == list(names.DECODER_NAMES) + list(names.HF_METHOD_NAMES)
-    assert tuple(bench.HF_METHODS) == names.HF_METHOD_NAMES
-    # the default ladder is the article's: the decoders past it (fused: a CUDA GPU) run by name
-    assert set(bench.BEYOND) <= set(bench.METHODS) and not set(bench.BEYOND) & set(bench.LADDER)
-    assert sorted(bench.LADDER + list(bench.BEYOND)) == sorted(bench.METHODS)
-    import inspect
-    assert inspect.signature(bench.ladder).parameters["methods"].default is bench.LADDER
-    assert inspect.signature(bench.sweep).parameters["methods"].default is bench.LADDER
-
-
 @pytest.mark.parametrize("args, says", [
     (["generate", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     (["generate", "--max-new-tokens", "1024"], "leaves no room for a prompt"),
@@ -162,7 +147,9 @@ def test_bench_on_the_tiny_model(tmp_path):
             str(tmp_path), "--methods", "naive", "kv_cache", "static_cache",
             "hf_dynamic")
     assert p.returncode == 0, p.stderr
-    assert "x_vs_naive" in p.stdout and "claims:" in p.stdout
+    assert "x_vs_hf_static" in p.stdout and "claims:" in p.stdout
+    assert "ttft_ms: time to first token" in p.stdout  # the legend under the table
+    assert "results/h200/" in p.stdout and "NOTE" not in p.stdout
     assert "they only show that the code runs" in p.stdout  # the tiny model's claims
     assert (tmp_path / "ladder.csv").exists()
     assert (tmp_path / "ladder_b1_n4_float32.png").exists()
@@ -170,6 +157,18 @@ def test_bench_on_the_tiny_model(tmp_path):
         assert "(a rough estimate)" in p.stdout and "torch threads" in p.stdout
         claims = pd.read_csv(tmp_path / "ladder_claims.csv")
         assert (claims.holds == "n/a on CPU").all() and "n/a on CPU" in p.stdout
+
+
+def test_bench_runs_the_headline_by_default(tmp_path):
+    from fastgen_lib import bench
+    p = cli("bench", "--batch", "1", "--new-tokens", "3", "--repeats", "1", "--out",
+            str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "%|" in p.stderr  # the progress bar, over every call
+    got = list(pd.read_csv(tmp_path / "ladder.csv").method)
+    assert got == bench.runnable(bench.HEADLINE) and "interleaved" in got
+    if not CUDA:
+        assert "needs cuda" in one_line_error(cli("bench", "--methods", "fused"))
 
 
 def test_claims_on_cpu_rows_are_not_applicable():

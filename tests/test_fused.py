@@ -585,7 +585,7 @@ def test_gpu_loop_refuses_a_cpu_sampling_and_streaming():
     with pytest.raises(ValueError, match="cannot stream"):
         gpu_loop(None, 4, streamer=object())
     if DEVICE == "cpu":
-        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
             fg.generate(model, ids, mask, decoder="gpu_loop", max_new_tokens=4)
 
 
