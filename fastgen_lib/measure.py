@@ -70,7 +70,8 @@ def host_pace(n=20_000):
     return best
 
 
-def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None, progress=None):
+def compare(calls, repeats=10, warmup=1, pace_slack=1.3, max_rounds=None,
+            progress=None):
     """The book's timing protocol. `calls` maps names to functions. Each is called
     `warmup` times (compile, capture, lazy init), then rounds run every call once, in
     turn (A B C A B C ...), so that a slow moment of the machine hits all methods alike.
@@ -153,7 +154,8 @@ def decoder_call(model, input_ids, attention_mask, decoder, max_new_tokens, **ge
     return call
 
 
-def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1, progress=None):
+def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1,
+                  progress=None):
     """Time methods side by side. `calls` maps a method name to `call(n)`, which
     generates `n` new tokens. For each method, `call(max_new_tokens)` and `call(1)` are
     timed, all alternated (`compare`). `call(1)` is the time to first token (the prefill
@@ -174,7 +176,7 @@ def measure_calls(model, input_ids, calls, max_new_tokens, repeats=10, warmup=1,
         timed[m] = c
         if max_new_tokens > 1:
             timed[f"{m}@1"] = lambda c=c: c(1)
-    # on a CPU the calls run on the host itself: its pace is what is timed, not a disturbance
+    # on a CPU the calls run on the host itself: its pace is what is timed
     slack = 1.3 if input_ids.is_cuda else None
     times, outs, stats = compare(timed, repeats, warmup, slack, progress=progress)
     rows = [_row(model, input_ids, max_new_tokens, m, times[m],
