@@ -12,7 +12,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_smoke(path, tmp_path):
-    p = subprocess.run([sys.executable, str(ROOT / "tools" / "run_notebooks.py"), "--smoke", "--out", str(tmp_path),
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_notebooks.py"), "--smoke", "--out", str(tmp_path),
                         str(path)], capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert (tmp_path / path.name).exists()

@@ -1,4 +1,4 @@
-"""tools/make_student.py: student copies keep prose and exercise code, lose outputs and solutions."""
+"""scripts/make_student.py: student copies keep prose and exercise code, lose outputs and solutions."""
 import importlib.util
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("make_student", ROOT / "tools" / "make_student.py")
+spec = importlib.util.spec_from_file_location("make_student", ROOT / "scripts" / "make_student.py")
 make_student = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(make_student)
 
@@ -98,7 +98,7 @@ def test_cli_writes_copies_and_readme(tmp_path):
     src.mkdir()
     source = synthetic_notebook()
     nbformat.write(source, src / "02_kv_cache.ipynb")
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_student.py"), "--src", str(src),
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_student.py"), "--src", str(src),
                         "--out", str(out)], capture_output=True, text=True, check=True)
     assert f"{out / '02_kv_cache.ipynb'}: 7 cells, 3 solution(s) removed, 3 output(s) cleared" in r.stdout
     assert "warning:" in r.stdout and "cell 6" in r.stdout
@@ -108,7 +108,7 @@ def test_cli_writes_copies_and_readme(tmp_path):
 
 
 def test_cli_fails_without_notebooks(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_student.py"), "--src", str(tmp_path),
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_student.py"), "--src", str(tmp_path),
                         "--out", str(tmp_path / "student")], capture_output=True, text=True)
     assert r.returncode == 1 and "no notebooks" in r.stderr
 

@@ -12,7 +12,7 @@ def _browser_selected(config):
 
 def pytest_collection_modifyitems(config, items):
     # The browser check builds the book and starts Chromium: it runs only when asked for by marker,
-    # as tools/ci_extra.sh does, never as a side effect of the unit tests.
+    # as scripts/ci_extra.sh does, never as a side effect of the unit tests.
     if _browser_selected(config):
         return
     skip = pytest.mark.skip(reason="browser check: run `python -m pytest -m browser tests/browser`")
@@ -33,5 +33,5 @@ def chromium():
     except ImportError:
         missing.append("the playwright package (pip install playwright; never `playwright install`)")
     if missing:
-        pytest.fail("browser check needs " + " and ".join(missing) + "; tools/ci_extra.sh installs both")
+        pytest.fail("browser check needs " + " and ".join(missing) + "; scripts/ci_extra.sh installs both")
     return CHROMIUM

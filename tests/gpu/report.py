@@ -1,4 +1,4 @@
-"""Write REPORT_DIR/report.md from what tests/gpu/run.sh left there: env.txt, junit.xml, stress/repeat/bf16/
+"""Write REPORT_DIR/report.md from what `bash scripts/gpu.sh tests` left there: env.txt, junit.xml, stress/repeat/bf16/
 sync .json, sanitizer_<tool>.log. Usage: python tests/gpu/report.py REPORT_DIR KEY=VALUE...  where the KEYs are
 exit codes (pytest=1, memcheck=124, ...) or "skipped". Anything missing is reported as missing, never fatal."""
 import json
@@ -76,7 +76,7 @@ def main():
     rcs = dict(a.split("=", 1) for a in sys.argv[2:])
     env = (out / "env.txt").read_text(errors="replace").strip() if (out / "env.txt").exists() else "(no env.txt)"
     lines = ["# fastgen GPU reliability report", "",
-             f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by tests/gpu/run.sh.", "",
+             f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by scripts/gpu.sh tests.", "",
              "## Machine and versions", "", "```", env, "```", "", "## Tests", ""]
     lines += pytest_lines(out / "junit.xml", rcs.get("pytest", "skipped"))
 

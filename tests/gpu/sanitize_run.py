@@ -1,9 +1,9 @@
-"""A short `interleaved` run for compute-sanitizer (memcheck, racecheck), started by tests/gpu/run.sh.
+"""A short `interleaved` run for compute-sanitizer (memcheck, racecheck), started by `bash scripts/gpu.sh tests sanitizer`.
 
 The tiny GPT-2 on CUDA, 3 rows of mixed length, 10 new tokens, an EOS bias so rows stop at different steps;
 greedy, then sampled with top-k. Each setting: `compiled` (the same graphs, one stream) as the reference,
 then `interleaved` twice (the second call replays captured graphs). Exit 1 if any token differs. Kept small:
-under the sanitizer every kernel runs instrumented, and run.sh runs this once without it first, so the
+under the sanitizer every kernel runs instrumented, and gpu.sh runs this once without it first, so the
 compiled kernels come from inductor's cache.
 """
 import sys

@@ -8,7 +8,7 @@
     6. bad input on CUDA: the CPU suite's errors, and the decoder works right after
     7. a GraphStep's CUDA graphs vs a replaced `lm_head.bias` (`fg.set_eos_bias`)
 
-Numbers land as JSON in $FASTGEN_REPORT_DIR (default results/gpu); tests/gpu/run.sh turns them into report.md.
+Numbers land as JSON in $FASTGEN_REPORT_DIR (default results/gpu); `bash scripts/gpu.sh tests` turns them into report.md.
 Compiles are the slow part (~10-30 s each): the cases reuse two cache lengths (16+40 and 16+24 tokens).
 """
 import importlib.util

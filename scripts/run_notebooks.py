@@ -1,7 +1,7 @@
 """Execute the chapter notebooks.
 
-    python tools/run_notebooks.py --smoke            # CI: tiny model, few tokens, into a temp dir
-    python tools/run_notebooks.py --inplace          # GPU host: overwrite notebooks/ with real outputs
+    python scripts/run_notebooks.py --smoke            # CI: tiny model, few tokens, into a temp dir
+    python scripts/run_notebooks.py --inplace          # GPU host: overwrite notebooks/ with real outputs
 
 The smoke run never touches the committed notebooks (which carry the outputs of an H200 run, or none
 and an "Outputs pending" notice)."""

@@ -1,52 +1,32 @@
 """The gpu_loop decoder on the GPU (issue 16, chapter 10), beside `fused` (the same step under the
 interleaved driver) and `interleaved` (chapter 8's compiled step), GPT-2 124M, float32, prompt 16:
 
-  python tools/probe_loop.py OUT [main [K]]  tokens (EOS biases that stop no row, or all); ms
-      per step on an idle host and on a busy one (K CPU-bound processes, default 2, per core of
-      this process's affinity); host API calls per call, from a profiler trace; and the stop's
-      tail: a call that stops on EOS after k tokens against one asked for exactly k
-  python tools/probe_loop.py OUT cpu      the host's CPU time per call and per decode step, in a
-      process whose CUDA context and events block instead of spinning while the host waits (else
-      a wait counts as work)
+  PYTHONPATH=. python lab/probe_loop.py OUT [main [K]]  tokens (EOS biases that stop no row, or
+      all); ms per step on an idle host and on a busy one (K CPU-bound processes, default 2, per
+      core of this process's affinity); host API calls per call, from a profiler trace; and the
+      stop's tail: a call that stops on EOS after k tokens against one asked for exactly k
 
 Every timing follows the book's protocol (alternated, 10 kept rounds, median and IQR; 30 rounds,
 all kept, on the busy host). Pin the process first (taskset -c 8-11): the busy-host burners
-share its cores."""
+share its cores. The CPU probe (`host_cpu.csv`: the host's CPU time per step in a process whose
+waits block) patched torch.cuda.Event, so it is not here: `git show bad43bd:tools/probe_loop.py`."""
 import collections
-import functools
-import gc
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-OUT, MODE = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "main")
-PER_CORE = int(sys.argv[3]) if len(sys.argv) > 3 else 2  # the busy host's burners per core
-if MODE == "cpu":  # before torch makes the context: block on waits (CU_CTX_SCHED_BLOCKING_SYNC)
-    from cuda.bindings import driver
-    driver.cuInit(0)
-    _, dev = driver.cuDeviceGet(0)
-    (err,) = driver.cuDevicePrimaryCtxSetFlags(dev, driver.CUctx_flags.CU_CTX_SCHED_BLOCKING_SYNC)
-    assert int(err) == 0, err
+import pandas as pd
+import torch
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+import fastgen_lib as fg
+from fastgen_lib import measure, traces
+from fastgen_lib.models import EOS
 
-if MODE == "cpu":  # and the drivers' flag events block too (an event's own flag, not the context's)
-    torch.cuda.Event = functools.partial(torch.cuda.Event, blocking=True)
-
-import fastgen_lib as fg  # noqa: E402
-from fastgen_lib import measure, traces  # noqa: E402
-from fastgen_lib.models import EOS  # noqa: E402
-
-OUT.mkdir(parents=True, exist_ok=True)
 N, T = 100, 16
 METHODS = ("interleaved", "fused", "gpu_loop")
 KW = dict(eos_token_id=EOS, pad_token_id=EOS)
-model = fg.load_model("124m", device="cuda")
-batches = {b: fg.make_batch(b, T, mixed=True, seed=b, device="cuda") for b in (1, 32)}
 
 
 def calls(batch, methods=METHODS):
@@ -59,56 +39,6 @@ def save(rows, name):
     print(pd.DataFrame(rows).round(4).to_string(index=False), flush=True)
 
 
-def host_cpu():
-    """Host CPU time per decode step: thread time of call(N) minus call(1), over N - 1 steps."""
-    cols = ["batch", "method", "host_cpu_us_per_step", "q1", "q3", "wall_ms_per_step",
-            "host_cpu_ms_call_1", f"host_cpu_ms_call_{N}", "wall_ms_call_1",
-            f"wall_ms_call_{N}"]
-    # the check that waits block here: a long kernel, waited for three ways
-    probe = []
-    for how in ("stream", "event", "device"):
-        torch.cuda.synchronize()
-        c0, w0 = time.thread_time(), time.perf_counter()
-        torch.cuda._sleep(500_000_000)  # about 0.25 s of one GPU thread
-        if how == "stream":
-            torch.cuda.current_stream().synchronize()
-        elif how == "event":
-            e = torch.cuda.Event()
-            e.record()
-            e.synchronize()
-        else:
-            torch.cuda.synchronize()
-        probe.append({"wait": how, "wall_ms": 1e3 * (time.perf_counter() - w0),
-                      "cpu_ms": 1e3 * (time.thread_time() - c0)})
-    save(probe, "blocking_wait_check.csv")
-    rows = []
-    for batch in (1, 32):
-        cs = calls(batch)
-        for c in cs.values():
-            c()
-            c(1)
-        t = collections.defaultdict(list)
-        gc.collect()
-        gc.disable()
-        for _ in range(30):  # the eager prefill's CPU time varies by a millisecond
-            for m, c in cs.items():
-                for n in (N, 1):
-                    c0, w0 = time.thread_time(), time.perf_counter()
-                    c(n)
-                    torch.cuda.synchronize()
-                    t[m, n].append((time.thread_time() - c0, time.perf_counter() - w0))
-        gc.enable()
-        for m in cs:
-            cpu = [(a[0] - b[0]) / (N - 1) * 1e6 for a, b in zip(t[m, N], t[m, 1])]
-            wall = [(a[1] - b[1]) / (N - 1) * 1e3 for a, b in zip(t[m, N], t[m, 1])]
-            med, q1, q3 = measure.spread(cpu)
-            calls_ms = [1e3 * measure.spread([x[i] for x in t[m, n]])[0]
-                        for i in (0, 1) for n in (1, N)]  # CPU, then wall, per call
-            rows.append(dict(zip(cols, [batch, m, med, q1, q3, measure.spread(wall)[0],
-                                        *calls_ms])))
-    save(rows, "host_cpu.csv")
-
-
 def api_calls(fn):
     """CUDA runtime and driver calls that `fn()` made on the host inside `generate`, by name."""
     events = traces.profile_trace(fn)["traceEvents"]
@@ -119,19 +49,40 @@ def api_calls(fn):
                                and start <= e["ts"] <= end)
 
 
+def timed_rows(model, input_ids, calls, max_new_tokens, repeats=10, pace_slack=1.3):
+    """`measure.measure_calls`' rows, with `compare`'s `pace_slack`: None keeps every round, as
+    the busy host needs (its rounds all run slow)."""
+    first_s = {}
+    for m, c in calls.items():  # the first call of each holds its compile: reported apart
+        t0 = time.perf_counter()
+        c()
+        measure.sync()
+        first_s[m] = time.perf_counter() - t0
+    timed = {k: v for m, c in calls.items() for k, v in ((m, c), (f"{m}@1", lambda c=c: c(1)))}
+    times, outs, stats = measure.compare(timed, repeats, pace_slack=pace_slack)
+    B, T = input_ids.shape
+    rows = []
+    for m, c in calls.items():
+        full, first, steps = times[m], times[f"{m}@1"], outs[m].shape[1] - T
+        med, q1, q3 = measure.spread(full)
+        step = measure.spread([(a - b) / (steps - 1) for a, b in zip(full, first)])
+        rows.append(measure.conditions(model) | {
+            "decode_attention": getattr(c, "decode_attention", None), "method": m, "batch": B,
+            "prompt_len": T, "max_new_tokens": max_new_tokens, "new_tokens": steps,
+            "median_s": med, "q1_s": q1, "q3_s": q3, "min_s": min(full), "max_s": max(full),
+            "repeats": len(full), "ttft_ms": 1e3 * measure.spread(first)[0],
+            "ms_per_step": 1e3 * step[0], "ms_per_step_q1": 1e3 * step[1],
+            "ms_per_step_q3": 1e3 * step[2], "tokens_per_s": B * steps / med,
+            "first_call_s": first_s[m]} | stats)
+    return rows
+
+
 def time_methods(batch, every_round):
-    """`measure.measure_calls`, 10 rounds. `every_round`: keep the rounds where the host ran
-    slow too (compare's pace_slack=None), as it does on purpose under the busy host, and take
-    30: a busy host's prefill and wake-ups vary by a few ms a call, which 10 paired rounds
-    leave as +-10% in a batch-1 step's median."""
-    compare = measure.compare
-    if every_round:
-        measure.compare = functools.partial(compare, pace_slack=None)
-    try:
-        return measure.measure_calls(model, batches[batch][0], calls(batch), N,
-                                     repeats=30 if every_round else 10)
-    finally:
-        measure.compare = compare
+    """10 rounds; `every_round`: keep the rounds where the host ran slow too, as it does on
+    purpose under the busy host, and take 30: a busy host's prefill and wake-ups vary by a few
+    ms a call, which 10 paired rounds leave as +-10% in a batch-1 step's median."""
+    return timed_rows(model, batches[batch][0], calls(batch), N, repeats=30 if every_round else 10,
+                      pace_slack=None if every_round else 1.3)
 
 
 def main():
@@ -155,7 +106,7 @@ def main():
         try:
             time.sleep(1.0 if burners else 0.0)
             for batch in (1, 32):
-                r, _ = time_methods(batch, every_round=bool(burners))
+                r = time_methods(batch, every_round=bool(burners))
                 rows += [x | {"host": host, "burners": len(burners), "cores": len(cores)}
                          for x in r]
         finally:
@@ -210,4 +161,13 @@ def main():
     save(rows, "api_calls.csv")
 
 
-host_cpu() if MODE == "cpu" else main()
+if __name__ == "__main__":
+    if sys.argv[2:3] not in ([], ["main"]):
+        sys.exit("usage: probe_loop.py OUT [main [K]] (the CPU probe: "
+                 "git show bad43bd:tools/probe_loop.py)")
+    OUT = Path(sys.argv[1])
+    PER_CORE = int(sys.argv[3]) if len(sys.argv) > 3 else 2  # the busy host's burners per core
+    OUT.mkdir(parents=True, exist_ok=True)
+    model = fg.load_model("124m", device="cuda")
+    batches = {b: fg.make_batch(b, T, mixed=True, seed=b, device="cuda") for b in (1, 32)}
+    main()

@@ -2,7 +2,7 @@
 the compiled ones). Per decoder, batch and dtype: one call of 1 new token and one of N, profiled; the
 difference over N - 1 steps is the decode step's share. Run it in its own process, after any timing
 (a profiler session slows later host-bound steps: chapter 7).
-Usage: python tools/probe_kernels.py OUT_CSV [decoder ...]"""
+Usage: PYTHONPATH=. python lab/probe_kernels.py OUT_CSV [decoder ...]"""
 import sys
 
 import pandas as pd

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI beyond the unit tests: student copies and the browser check of the rendered book.
-# Called from .ci/run as `bash tools/ci_extra.sh`; also runs by hand on a developer's machine (as root,
+# Called from .ci/run as `bash scripts/ci_extra.sh`; also runs by hand on a developer's machine (as root,
 # or with chromium already installed). Installs what it needs from Debian and PyPI only: Debian's chromium
 # is the browser; `pip install playwright` brings the driver library, never a browser
 # (never `playwright install`: it downloads a browser build, which cannot be fetched here).
@@ -18,7 +18,7 @@ echo "ci_extra: $(/usr/bin/chromium --version 2>/dev/null), playwright $(python 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if compgen -G "notebooks/*.ipynb" > /dev/null; then
-  python tools/make_student.py --src notebooks --out "$tmp/student"
+  python scripts/make_student.py --src notebooks --out "$tmp/student"
 else
   echo "ci_extra: no notebooks/*.ipynb yet: no student copies to build"
 fi

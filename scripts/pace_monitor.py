@@ -3,12 +3,12 @@
 `measure.compare` judges each round against the best pace seen *in its own process*, which misses a
 process that runs slow from its first round (results/h200/pace/noisy_host/: a chapter timed `naive`
 at twice its usual step with `full_pace True`). This monitor samples `measure.host_pace` every few
-seconds in a process of its own, on a core the chapters do not use; `tools/gpu_book.sh` starts it
+seconds in a process of its own, on a core the chapters do not use; `scripts/gpu.sh book` starts it
 and, after the chapters, summarises it per chapter against an absolute limit.
 
-    python3 tools/pace_monitor.py run PACE_CSV [--every 5]          # until killed (SIGTERM)
-    python3 tools/pace_monitor.py summary PACE_CSV CHAPTERS_CSV [--max-ms 0.65]
-    python3 tools/pace_monitor.py gate [--max-ms 0.65] [--samples 10]   # before a device call's
+    python3 scripts/pace_monitor.py run PACE_CSV [--every 5]          # until killed (SIGTERM)
+    python3 scripts/pace_monitor.py summary PACE_CSV CHAPTERS_CSV [--max-ms 0.65]
+    python3 scripts/pace_monitor.py gate [--max-ms 0.65] [--samples 10]   # before a device call's
         # timing: exits 3 if the host's median pace is over --max-ms now (a slow host stays slow
         # for minutes: results/h200/fused/generate_slow_host/), so the call can do something else
 

@@ -3,7 +3,7 @@
 kernel of each step is the same operation: the median duration of each over the last 64 steps,
 named by its place in the step (five per layer, four at batch 1, where `attention_proj` joins
 the attention and attn.c_proj; the first with the embedding in front; lm_head; the token choice), beside the weight bytes it reads and their bandwidth. Run it in its own process.
-Usage: python tools/probe_fused.py OUT_CSV"""
+Usage: PYTHONPATH=. python lab/probe_fused.py OUT_CSV"""
 import sys
 
 import pandas as pd
