@@ -1,5 +1,6 @@
-"""The first cell of every chapter: `settings = fastgen_lib.book.setup_book()`. Seeds, display widths,
-plot style, and one line saying where this runs (device, versions, real or random weights)."""
+"""The setup cell of every chapter, after its install cell:
+`settings = fastgen_lib.book.setup_book()`. Seeds, display widths, plot style, and one line saying
+where this runs (device, versions, real or random weights)."""
 import os
 import random
 from dataclasses import dataclass
@@ -72,3 +73,19 @@ def source(obj, start=None, stop=None):
 def show(obj, start=None, stop=None):
     """Print `source(obj, start, stop)`."""
     print(source(obj, start, stop))
+
+
+def results_path(name):
+    """The committed result `results/<name>` (a file or a folder) of a clone of the book's repository,
+    found from the working directory (a chapter runs in notebooks/, the install cell moves to the
+    clone's root) or from the package's folder (an editable install). Installing the library alone
+    leaves results/ out: then a FileNotFoundError says so and how to get it."""
+    from pathlib import Path
+    here = Path.cwd()
+    for root in (here, here.parent, Path(__file__).resolve().parents[1]):
+        if (root / "results" / name).exists():
+            return root / "results" / name
+    raise FileNotFoundError(
+        f"results/{name} is not here: the book's saved results come with a clone of its "
+        "repository, not with the installed library. Clone the repository (the first cell of "
+        "every chapter does it where fastgen_lib is not importable) and run the chapter there.")

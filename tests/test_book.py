@@ -215,7 +215,8 @@ def test_the_install_cell_opens_every_chapter():
     for path in [p for p in NOTEBOOKS if p.stem not in PENDING]:
         first = next(c for c in cells(path) if c["cell_type"] == "code")
         src = "".join(first["source"])
-        assert "google.colab" in src and f"git+{url}" in src, f"{path.name}: {src[:200]}"
+        assert f'REPO = "{url}"' in src and "git clone" in src and "pip install -q -e" in src \
+            and 'find_spec("fastgen_lib") is None' in src, f"{path.name}: {src[:200]}"
 
 
 @pytest.mark.parametrize("path", current(NOTEBOOKS))
