@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL = sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("scripts/*.sh"), ROOT / ".ci" / "run"])
-PYTHON = ["make_student.py", "pace_monitor.py", "run_notebooks.py"]  # each with --help
+PYTHON = ["make_student.py", "pace_monitor.py", "run_notebooks.py", "set_repo.py"]  # each with --help
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 
