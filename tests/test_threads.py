@@ -59,3 +59,21 @@ def test_fused_threads_give_the_serial_tokens():
     got, errors = run_threads(model, batches, rounds=1, **kw)
     assert not errors, errors
     assert all(torch.equal(o, want) for outs in got.values() for o in outs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decoder", list(fg.DECODERS))
+def test_threads_on_the_gpu_give_the_serial_tokens(decoder):
+    # GPT-2 124M on CUDA: the compiled decoders' graphs and streams, fused and gpu_loop included
+    if decoder == "gpu_loop":
+        pytest.importorskip("cuda.bindings", reason="gpu_loop needs cuda-bindings")
+    model = fg.load_model("124m", device="cuda", weights="random")
+    fg.set_eos_bias(model, 2.0)  # rows stop apart
+    batches = [fg.make_batch(b, t, mixed=True, seed=i, device="cuda")
+               for i, (b, t) in enumerate(SHAPES)]
+    kw = dict(decoder=decoder, max_new_tokens=24, eos_token_id=EOS, pad_token_id=EOS)
+    want = [fg.generate(model, ids, mask, **kw) for ids, mask in batches]
+    got, errors = run_threads(model, batches, rounds=3, **kw)
+    assert not errors, errors
+    for i, outs in got.items():
+        assert all(torch.equal(o, want[i]) for o in outs), (decoder, i)
