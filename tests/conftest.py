@@ -1,4 +1,5 @@
 import os
+import threading
 
 import pytest
 import torch
@@ -42,3 +43,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def run_threads():
+    """`run(model, batches, rounds, **kw)`: every batch in a thread of its own, `rounds`
+    `fg.generate` calls each, all started together -> ({thread: [outputs]}, [exceptions])."""
+    import fastgen_lib as fg
+
+    def run(model, batches, rounds, **kw):
+        got, errors = {i: [] for i in range(len(batches))}, []
+        start = threading.Barrier(len(batches))
+
+        def work(i):
+            try:
+                start.wait()
+                for _ in range(rounds):
+                    got[i].append(fg.generate(model, *batches[i], **kw))
+            except Exception as e:  # noqa: BLE001 (the test reports it)
+                errors.append(e)
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batches))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return got, errors
+    return run

@@ -1,7 +1,6 @@
 """Calls on one model from several threads give the serial call's tokens, on every decoder this
-machine runs (`decoders.lock`: the calls queue). The GPU's: tests/gpu/test_gpu_decoders.py."""
+machine runs (`decoders.lock`: the calls queue). The GPU's: tests/gpu/test_gpu_threads.py."""
 import importlib.util
-import threading
 
 import pytest
 import torch
@@ -15,29 +14,8 @@ SHAPES = [(2, 6), (2, 6), (3, 4), (1, 9)]
 CPU_DECODERS = [d for d in fg.DECODERS if d not in ("fused", "gpu_loop")]
 
 
-def run_threads(model, batches, rounds, **kw):
-    """Every batch in a thread of its own, `rounds` calls each, all started together:
-    {thread: [its outputs]} and the exceptions raised."""
-    got, errors = {i: [] for i in range(len(batches))}, []
-    start = threading.Barrier(len(batches))
-
-    def work(i):
-        try:
-            start.wait()
-            for _ in range(rounds):
-                got[i].append(fg.generate(model, *batches[i], **kw))
-        except Exception as e:  # noqa: BLE001 (reported by the test below)
-            errors.append(e)
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batches))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return got, errors
-
-
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
-def test_threads_on_one_model_give_the_serial_tokens(decoder):
+def test_threads_on_one_model_give_the_serial_tokens(decoder, run_threads):
     model = fg.load_model("tiny", device="cpu")
     fg.set_eos_bias(model, 0.7)  # rows stop apart
     batches = [fg.make_batch(b, t, mixed=True, seed=i) for i, (b, t) in enumerate(SHAPES)]
@@ -50,7 +28,7 @@ def test_threads_on_one_model_give_the_serial_tokens(decoder):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="fused needs Triton (its CPU interpreter here)")
-def test_fused_threads_give_the_serial_tokens():
+def test_fused_threads_give_the_serial_tokens(run_threads):
     # under Triton's interpreter a step takes seconds: two threads, one shape, 3 tokens
     model = fg.load_model("tiny", device="cpu")
     batches = [fg.make_batch(1, 5, seed=0)] * 2
@@ -60,20 +38,3 @@ def test_fused_threads_give_the_serial_tokens():
     assert not errors, errors
     assert all(torch.equal(o, want) for outs in got.values() for o in outs)
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("decoder", list(fg.DECODERS))
-def test_threads_on_the_gpu_give_the_serial_tokens(decoder):
-    # GPT-2 124M on CUDA: the compiled decoders' graphs and streams, fused and gpu_loop included
-    if decoder == "gpu_loop":
-        pytest.importorskip("cuda.bindings", reason="gpu_loop needs cuda-bindings")
-    model = fg.load_model("124m", device="cuda", weights="random")
-    fg.set_eos_bias(model, 2.0)  # rows stop apart
-    batches = [fg.make_batch(b, t, mixed=True, seed=i, device="cuda")
-               for i, (b, t) in enumerate(SHAPES)]
-    kw = dict(decoder=decoder, max_new_tokens=24, eos_token_id=EOS, pad_token_id=EOS)
-    want = [fg.generate(model, ids, mask, **kw) for ids, mask in batches]
-    got, errors = run_threads(model, batches, rounds=3, **kw)
-    assert not errors, errors
-    for i, outs in got.items():
-        assert all(torch.equal(o, want[i]) for o in outs), (decoder, i)
