@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from .registry import DECODER_NAMES, METHODS
+from .registry import DECODER_NAMES, METHODS, NEEDS
 
 N_POSITIONS = 1024  # GPT-2's n_positions (124m, tiny): checked here; other models by the library
 GPT2 = (None, "124m", "gpt2", "tiny")  # --size values that are GPT-2 (None: the default size)
@@ -210,7 +210,8 @@ def cmd_bench(args):
     for name in [] if args.merge else args.methods or []:
         missing = [n for n in METHODS[name].needs if not bench.have(n)]
         if missing:
-            fail(f"the {name} decoder needs {' and '.join(missing)}, which this machine has not")
+            fail(f"the {name} decoder needs {' and '.join(NEEDS[n] for n in missing)}, "
+                 "which this machine has not")
     methods = args.methods or bench.runnable(
         bench.LADDER if args.sweep else METHODS if args.full else bench.HEADLINE)
     size = args.size or default_size()

@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from .registry import METHODS
+from .registry import METHODS, NEEDS
 from .steps import GenConfig, attention_choice
 
 DECODERS = {n: m for n, m in METHODS.items() if m.step}  # public name -> registry entry
@@ -32,8 +32,8 @@ def parts(decoder):
         try:
             return getattr(importlib.import_module(f".{module}", __package__), name)
         except ImportError as e:
-            raise ValueError(f"the {decoder} decoder needs {' and '.join(m.needs)} ({e}); "
-                             "Triton comes with torch's CUDA builds on Linux") from e
+            raise ValueError(f"the {decoder} decoder needs "
+                             f"{' and '.join(NEEDS[n] for n in m.needs)} ({e})") from e
     return load(m.step), load(m.stop)
 
 

@@ -22,6 +22,8 @@ class Method:
     headline: bool = False  # in `bench`'s default run, where the machine has what it needs
 
 
+NEEDS = {"cuda": "a CUDA GPU", "triton": "Triton (it comes with torch's CUDA builds on Linux)",
+         "cuda-bindings": "NVIDIA's cuda-bindings (pip install cuda-bindings)"}
 STATIC = dict(cache_implementation="static")
 GRAPH = dict(step="steps:GraphStep", static=True, compiles=True)
 FUSED = dict(step="fused:FusedStep", needs=("cuda", "triton"), families=("gpt2",),

@@ -168,7 +168,7 @@ def test_bench_runs_the_headline_by_default(tmp_path):
     got = list(pd.read_csv(tmp_path / "ladder.csv").method)
     assert got == bench.runnable(bench.HEADLINE) and "interleaved" in got
     if not CUDA:
-        assert "needs cuda" in one_line_error(cli("bench", "--methods", "fused"))
+        assert "needs a CUDA GPU" in one_line_error(cli("bench", "--methods", "fused"))
 
 
 def test_claims_on_cpu_rows_are_not_applicable():
