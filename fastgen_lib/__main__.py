@@ -15,6 +15,7 @@ from .registry import DECODER_NAMES, METHODS, NEEDS
 N_POSITIONS = 1024  # GPT-2's n_positions (124m, tiny): checked here; other models by the library
 GPT2 = (None, "124m", "gpt2", "tiny")  # --size values that are GPT-2 (None: the default size)
 VOCAB = 50257
+CPU_NEW_TOKENS = 50  # bench's default on a CPU (100 on a GPU): the headline within 90 s on 2 cores
 
 
 def fail(message):
@@ -46,7 +47,7 @@ def rough_seconds(args, methods, size, skip=None):
     (124m) a step at batch 1, growing with the batch (naive: x3); the reference like one
     more method; ~20 s of torch.compile per batch size and dtype for a compiled decoder;
     10 s to start."""
-    base = 0.003 if size == "tiny" else 0.05
+    base = 0.002 if size == "tiny" else 0.05
     total = 10.0
     for b in args.batch:
         step = base * (1 + b / 16)
@@ -224,6 +225,8 @@ def cmd_bench(args):
     else:
         if args.threads or not cuda:
             torch.set_num_threads(args.threads or cpu_threads())
+        if not cuda and not (args.tokens_given or args.sweep):
+            args.new_tokens = [CPU_NEW_TOKENS]
         print(json.dumps(measure.conditions()), f"size={size}", " ".join(sys.argv),
               sep="\n")
         if not cuda:
@@ -264,7 +267,7 @@ def cmd_bench(args):
                              f"model on this {'GPU' if cuda else 'CPU'} they only show "
                              f"that the code runs)"))
         print(claims.to_string(index=False))
-    print("\n" + bench.LEGEND)
+    print("\n" + bench.legend(df))
     if not (cuda and size == "124m"):
         print(f"The book's GPU numbers (GPT-2 124M on an H200): {bench.GPU_RESULTS}")
     if args.out:
@@ -346,13 +349,13 @@ def parser():
                  "weights), or a transformers model id or local path (default: FASTGEN_SIZE, "
                  "else 124m on CUDA, tiny on a CPU)")
 
-    def common(sp, batch=(1,), new_tokens=(100,)):
+    def common(sp, batch=(1,), new_tokens=(100,), note=""):
         sp.add_argument("--size", default=None, help=size_help)
         sp.add_argument("--dtype", nargs="+", default=["float32"], choices=dtypes)
         sp.add_argument("--batch", type=int, nargs="+", default=None,
                         help=f"default: {' '.join(map(str, batch))}")
         sp.add_argument("--new-tokens", type=int, nargs="+", default=None,
-                        help=f"default: {' '.join(map(str, new_tokens))}")
+                        help=f"default: {' '.join(map(str, new_tokens))}{note}")
         sp.set_defaults(default_batch=list(batch), default_new_tokens=list(new_tokens))
         sp.add_argument("--prompt-len", type=int, default=16,
                         help=f"default: 16 (prompt + new tokens <= {N_POSITIONS})")
@@ -380,7 +383,7 @@ def parser():
     g.add_argument("--stream", action="store_true",
                    help="print the text as it is made (one prompt; timed with the printing)")
     b = sub.add_parser("bench", help="the ladder of decoders beside model.generate")
-    common(b, batch=(1, 32), new_tokens=(100,))
+    common(b, batch=(1, 32), new_tokens=(100,), note=f" ({CPU_NEW_TOKENS} on a CPU)")
     b.add_argument("--methods", nargs="+", default=None,
                    help=f"any of {', '.join(METHODS)} (default: the headline, "
                         "those of naive, interleaved, fused, gpu_loop and model.generate "
@@ -417,6 +420,7 @@ def main(argv=None):
     if hasattr(args, "default_batch"):
         sweep = getattr(args, "sweep", False)
         args.batch = args.batch or ([1, 4, 8, 16, 32] if sweep else args.default_batch)
+        args.tokens_given = args.new_tokens is not None
         args.new_tokens = args.new_tokens or ([50, 100, 200, 400] if sweep
                                               else args.default_new_tokens)
     msg = problem(args)

@@ -18,14 +18,21 @@ LADDER = [n for n, m in METHODS.items() if m.chapter <= 8]  # the article's ladd
 HEADLINE = [n for n, m in METHODS.items() if m.headline]  # the default run
 STATIC = {n for n, m in METHODS.items() if m.static}  # attend over all T+N slots (the floor's bytes)
 GPU_RESULTS = "results/h200/ (chapter 8: notebooks/08_results.ipynb)"
-LEGEND = """\
-ttft_ms: time to first token (the prefill and one token choice), ms
-ms_per_step: each later decode step, ms (whole call minus ttft, over the other steps)
-floor_ms_per_step: the bytes a step must read / the measured bandwidth (x_floor: the ratio)
-tokens_per_s: new tokens of all rows per second of the whole call
-x_vs_hf_static: whole-call speedup over model.generate with its static cache
-tokens_match: the same tokens as model.generate (like with like: registry.Method.reference)
-median of alternated rounds after a warm-up; the first call (compiling) is timed apart"""
+LEGEND = {  # what `summary`'s columns mean
+    "ttft_ms": "time to first token (the prefill and one token choice), ms",
+    "ms_per_step": "each later decode step, ms (whole call minus ttft, over the other steps)",
+    "floor_ms_per_step": "the bytes a step must read / the measured bandwidth (x_floor: ratio)",
+    "tokens_per_s": "new tokens of all rows per second of the whole call",
+    "x_vs_hf_static": "whole-call speedup over model.generate with its static cache",
+    "tokens_match": "the same tokens as model.generate (like with like: Method.reference)",
+}
+
+
+def legend(df):
+    """`LEGEND`'s lines for the columns `summary(df)` shows, and how the rows were timed."""
+    lines = [f"{k}: {v}" for k, v in LEGEND.items() if k in summary(df)]
+    return "\n".join(lines + ["median of alternated rounds after a warm-up; the first call "
+                               "(compiling) is timed apart"])
 
 
 def have(need):
