@@ -28,9 +28,28 @@ def _fix_interpreter_for_numpy_2_4():
     interpreter._patch_lang_tensor = patch_lang_tensor
 
 
+def _fix_interpreter_constexpr_of_tensor():
+    """Under Triton 3.7-3.9's CPU interpreter, a constexpr global times a tensor (the fused GELU's
+    `SQRT_2_OVER_PI * (...)`) is a constexpr holding a tensor, whose `to_tensor` unwraps it once and
+    then refuses the tensor (3.6 unwraps it fully; compiled kernels never see it). Unwrap it first."""
+    from triton.language import core, semantic
+    original = semantic.TritonSemantic.to_tensor
+    if getattr(original, "fastgen_fix", False):
+        return
+
+    def to_tensor(self, x, *args, **kwargs):
+        if isinstance(x, core.constexpr) and isinstance(x.value, core.tensor):
+            x = x.value
+        return original(self, x, *args, **kwargs)
+
+    to_tensor.fastgen_fix = True
+    semantic.TritonSemantic.to_tensor = to_tensor
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
-    try:
-        _fix_interpreter_for_numpy_2_4()  # the tests' business, not the library's
+    try:  # the tests' business, not the library's
+        _fix_interpreter_for_numpy_2_4()
+        _fix_interpreter_constexpr_of_tensor()
     except ImportError:  # no triton: the fused tests skip
         pass
 
