@@ -69,7 +69,8 @@ def problem(args):
              f"--max-new-tokens ({n}) leaves no room for a prompt in GPT-2's {N_POSITIONS} "
              f"positions"),
             (all(args.prompt), "--prompt: an empty prompt has no token to start from"),
-            (t > 0 and math.isfinite(t), f"--temperature must be > 0, got {t}"),
+            (math.isfinite(t) and (t > 0 or not args.sample),  # as generate(): > 0 to sample
+             f"--temperature must be a finite number (> 0 with --sample), got {t}"),
             (k is None or 1 <= k <= VOCAB or (k >= 1 and args.size not in GPT2),
              f"--top-k must be in [1, {VOCAB}], got {k}"),
             (0 <= seed < 2**32, f"--seed must be in [0, 2**32), got {seed}"),

@@ -2,6 +2,7 @@
 CPU work, a Llama-3.2-1B shape with random weights, any transformers causal LM by model id or local path,
 and batches of left-padded prompts. Book: chapter 0 (setup)."""
 import hashlib
+import operator
 import os
 from pathlib import Path
 
@@ -17,6 +18,7 @@ TOKENIZER_SHA256 = {
 }
 EOS = 50256  # GPT-2's <|endoftext|>
 SIZES = ("124m", "tiny", "llama-1b")  # named shapes; "gpt2" is "124m"
+HUB_TIMEOUT = 3  # s for the hub to answer before a download (huggingface_hub retries for a minute)
 
 PROMPTS = [
     "The quick brown fox",
@@ -35,12 +37,15 @@ def load_tokenizer(size=None):
     package (no network, sha256-checked) for `124m`/`gpt2`/`tiny`; the model's own for a model id or
     path; None for `llama-1b` and a path without tokenizer files (random weights need none: prompts
     are then random token ids, `prompts_for`)."""
+    size = _size(size)
     size = "124m" if size in (None, "gpt2") else size
     if size == "llama-1b":
         return None
     if size not in SIZES:
         try:
             tok = _local_first(AutoTokenizer.from_pretrained, size)
+        except HubUnreachable:
+            raise
         except (OSError, ValueError):
             return None
         tok.pad_token = tok.pad_token or tok.eos_token
@@ -85,10 +90,16 @@ def load_model(size=None, device=None, dtype=torch.float32, weights="auto", seed
     loads the real `gpt2` checkpoint if it is in the local cache or reachable on the hub, else falls back
     to random weights with a printed notice; "pretrained" insists; "random" skips the lookup. Random
     weights run at exactly the real model's speed: the same shapes, kernels and bytes moved."""
+    size = _size(size)
     size = "124m" if size == "gpt2" else size or default_size()
     if weights not in ("auto", "pretrained", "random"):
         raise ValueError(f"weights={weights!r}: expected 'auto', 'pretrained' or 'random'")
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(device)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        fix = f": pass torch.{dtype}" if isinstance(dtype, str) and hasattr(torch, dtype) else ""
+        raise TypeError(f"dtype must be a floating torch.dtype such as torch.bfloat16, got "
+                        f"{type(dtype).__name__} {dtype!r}{fix}")
+    seed = _int("seed", seed, 0)
     model = None
     if size not in SIZES:  # a model id or a local path
         model = _from_hub(size, weights, seed)
@@ -108,6 +119,74 @@ def load_model(size=None, device=None, dtype=torch.float32, weights="auto", seed
     return model
 
 
+def _size(size):
+    """`size` as given, or a str for a path (`~` expanded): a TypeError for what is neither, a
+    ValueError for a path that does not exist (a model id has at most one `/`)."""
+    if isinstance(size, os.PathLike):
+        size = os.fspath(size)
+    if size is None:
+        return None
+    if not isinstance(size, str):
+        raise TypeError(f"size must be one of {SIZES + ('gpt2',)}, a transformers model id or a "
+                        f"local path, got {type(size).__name__} {size!r}")
+    size = os.path.expanduser(size)
+    if (size.startswith(("/", ".")) or size.count("/") > 1) and not Path(size).exists():
+        raise ValueError(f"model {size!r}: no such folder (a local path is a folder with "
+                         "config.json, as save_pretrained writes it)")
+    return size
+
+
+def _device(device):
+    """`device` as a torch.device (None: CUDA where there is a GPU, else the CPU): a ValueError
+    naming the fix for a device this machine lacks."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r}: not a device; use 'cpu' or 'cuda'") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"device={device!r}: this machine has no CUDA GPU "
+                             "(torch.cuda.is_available() is False): use device='cpu', or "
+                             "device=None for the GPU where there is one")
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"device={device!r}: this machine has {n} CUDA GPU(s), cuda:0 to "
+                             f"cuda:{n - 1}")
+    return dev
+
+
+def _int(name, value, lo):
+    """`value` as a Python int >= lo (any integer-like scalar, not a bool)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v}")
+    return v
+
+
+class HubUnreachable(ValueError):
+    """A model id that is not in the local cache, and the hub does not answer."""
+
+
+def _reach_hub(name):
+    """A HubUnreachable within HUB_TIMEOUT seconds where the hub does not answer: huggingface_hub
+    itself retries each file for about a minute before it says so."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_TIMEOUT)  # any answer will do
+    except Exception as exc:  # httpx's (or requests') errors: no answer at all
+        raise HubUnreachable(
+            f"model {name!r}: not in the local cache, and the hub ({constants.ENDPOINT}) does not "
+            f"answer ({type(exc).__name__}): pass a local path (a folder save_pretrained wrote), "
+            f"or download it where the hub answers; HF_HUB_OFFLINE=1 skips the hub") from None
+
+
 def _from_hub(name, weights, seed):
     """`name` as a transformers model id or local path: the checkpoint, or with weights="random" the
     config alone; the local cache first, the hub unless HF_HUB_OFFLINE=1. A clear error when it is
@@ -120,6 +199,8 @@ def _from_hub(name, weights, seed):
         else:
             model = _local_first(AutoModelForCausalLM.from_pretrained, name)
             model.fastgen_weights = f"pretrained {name}"
+    except HubUnreachable:
+        raise
     except (OSError, ValueError) as exc:
         raise ValueError(f"model {name!r}: not one of {SIZES + ('gpt2',)} and not a transformers causal "
                          f"LM id or path ({str(exc).splitlines()[0][:160]})") from None
@@ -127,12 +208,14 @@ def _from_hub(name, weights, seed):
 
 
 def _local_first(load, name):
+    """load(name) from a local path or the cache, else from the hub if it answers."""
     try:
         return load(name, local_files_only=True)
     except (OSError, ValueError):
         if os.environ.get("HF_HUB_OFFLINE") == "1" or Path(name).exists():
             raise
-        return load(name)
+    _reach_hub(name)
+    return load(name)
 
 
 def _pretrained(strict):
@@ -141,13 +224,18 @@ def _pretrained(strict):
         if not local and os.environ.get("HF_HUB_OFFLINE") == "1":
             break
         try:
+            if not local:
+                _reach_hub("gpt2")
             model = GPT2LMHeadModel.from_pretrained("gpt2", local_files_only=local)
             model.fastgen_weights = "pretrained gpt2"
             return model
+        except HubUnreachable as exc:
+            errors.append(str(exc))
         except Exception as exc:  # no cache, no network: fall back below
             errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
-    if strict:
-        raise RuntimeError("the gpt2 checkpoint is neither cached nor reachable: " + " | ".join(errors))
+    if strict:  # weights="auto" falls back to random weights instead
+        raise ValueError("weights='pretrained': the gpt2 checkpoint is neither cached nor "
+                         "reachable: " + " | ".join(errors))
     global _NOTICE_SHOWN
     if not _NOTICE_SHOWN:  # once per process: a notebook loads the model in several cells
         _NOTICE_SHOWN = True
@@ -189,23 +277,35 @@ def stop_ids(model):
 
 def prompts_for(model, batch_size, prompt_len=16, **kwargs):
     """`make_batch` for `model`: random ids from its vocabulary, padded with its pad id, on its device."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise TypeError(f"model must be a transformers model (load_model(...)), got "
+                        f"{type(model).__name__} {model!r:.60}")
     return make_batch(batch_size, prompt_len, vocab_size=model.config.vocab_size,
                       pad_token_id=stop_ids(model)[1], device=model.device, **kwargs)
 
 
-def make_batch(batch_size, prompt_len=16, *, mixed=True, vocab_size=50257, seed=0, device="cpu", tokenizer=None,
-               pad_token_id=EOS):
+def make_batch(batch_size, prompt_len=16, *, mixed=True, vocab_size=50257, seed=0, device="cpu",
+               tokenizer=None, pad_token_id=EOS):
     """A left-padded batch: `input_ids` [B, T] and `attention_mask` [B, T]. With `mixed`, row b keeps
     between T/2 and T real tokens (the rest is padding: `pad_token_id`, GPT-2's EOS by default), so the
     decoders must handle positions and masks. With a `tokenizer`, rows are real English prompts
     (`PROMPTS`, cycled) instead of random ids."""
-    if batch_size < 1 or prompt_len < 1:
-        raise ValueError(f"batch_size={batch_size} and prompt_len={prompt_len} must both be at least 1")
-    g = torch.Generator().manual_seed(seed)
+    batch_size, prompt_len = _int("batch_size", batch_size, 1), _int("prompt_len", prompt_len, 1)
+    device, g = _device(device), torch.Generator().manual_seed(_int("seed", seed, 0))
     if tokenizer is not None:
+        if tokenizer.pad_token is None or tokenizer.padding_side != "left":
+            raise ValueError("the tokenizer must pad on the left, with a pad token: set "
+                             "tokenizer.padding_side = 'left' and tokenizer.pad_token = "
+                             "tokenizer.eos_token (load_tokenizer does)")
         texts = [PROMPTS[i % len(PROMPTS)] for i in range(batch_size)]
         enc = tokenizer(texts, return_tensors="pt", padding=True)
         return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    vocab_size = _int("vocab_size", vocab_size, 1)
+    if mixed not in (True, False):
+        raise TypeError(f"mixed must be True or False, got {mixed!r}")
+    if _int("pad_token_id", pad_token_id, 0) >= vocab_size:
+        raise ValueError(f"pad_token_id={pad_token_id} is not in vocab_size={vocab_size}: pass "
+                         "pad_token_id too, or use prompts_for(model, ...)")
     ids = torch.randint(0, vocab_size, (batch_size, prompt_len), generator=g)
     mask = torch.ones(batch_size, prompt_len, dtype=torch.long)
     if mixed and prompt_len > 1:

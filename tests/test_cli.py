@@ -64,7 +64,8 @@ def test_help_is_quick_and_loads_no_torch():
 @pytest.mark.parametrize("args, says", [
     (["generate", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     (["generate", "--max-new-tokens", "1024"], "leaves no room for a prompt"),
-    (["generate", "--temperature", "0"], "--temperature must be > 0"),
+    (["generate", "--sample", "--temperature", "0"], "--temperature must be a finite number (> 0"),
+    (["generate", "--temperature", "nan"], "--temperature must be a finite number"),
     (["generate", "--top-k", "0"], "--top-k must be in [1, 50257]"),
     (["generate", "--seed", "-1"], "--seed must be in [0, 2**32)"),
     (["generate", "--seed", str(2**32)], "--seed must be in [0, 2**32)"),
@@ -240,3 +241,24 @@ def test_any_causal_lm_by_path_without_a_tokenizer(tmp_path):
     assert r.stdout.count("[") == 2 and "kv_cache on cpu" in r.stdout
     bad = cli("generate", "--size", str(tmp_path / "missing"), "--max-new-tokens", "3")
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: model")
+
+
+def test_temperature_counts_only_with_sample():
+    # the help's "> 0 (with --sample)", as generate() has it: greedy decoding ignores it
+    p = cli("generate", "--temperature", "0", "--max-new-tokens", "2", "--decoder", "kv_cache")
+    assert p.returncode == 0, p.stderr
+
+
+def test_a_missing_path_and_an_unreachable_hub_are_one_line(tmp_path):
+    t0 = time.perf_counter()
+    assert "no such folder" in one_line_error(cli("generate", "--size", "./no/such/model"))
+    import socket
+    hub = socket.socket()  # takes connections, never answers: a hub behind a dropping firewall
+    hub.bind(("127.0.0.1", 0))
+    hub.listen(256)
+    env = {k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{hub.getsockname()[1]}"
+    line = one_line_error(cli("generate", "--size", "someone/some-model", env=env))
+    hub.close()
+    assert "HF_HUB_OFFLINE=1" in line and "local path" in line
+    assert time.perf_counter() - t0 < 60  # two starts of torch; huggingface_hub alone: minutes
