@@ -1,4 +1,4 @@
-"""The fused Triton decode step (fastgen_lib/fused.py) against the PyTorch ops it replaces. Without CUDA
+"""The fused Triton decode step (fastgen_lib/fused/) against the PyTorch ops it replaces. Without CUDA
 the kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1, set before triton is imported)."""
 import copy
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 # without CUDA, tests/conftest.py has set TRITON_INTERPRET=1 before anything imported triton
-pytest.importorskip("triton", reason="triton is not installed: the fused kernels need it")
+triton = pytest.importorskip("triton", reason="triton is not installed: the fused kernels need it")
 
 import torch.nn.functional as F  # noqa: E402  (tests/conftest.py patches the interpreter)
 
@@ -212,7 +212,7 @@ def test_gemv_tiles_by_batch_and_dtype(B, dtype, block_k, programs_per_sm):
 
 def test_batch_32_float32_chunks_are_one_tile_on_an_h200(monkeypatch):
     # so that each program reads its chunk of W before its PDL wait (ONE_TILE), on 132 SMs
-    monkeypatch.setattr(fused, "sm_count", lambda device: 132)
+    monkeypatch.setattr(fused.tiles, "sm_count", lambda device: 132)
     for K, N in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
         _, _, bk, split, k_chunk = fused.gemv_tiles(32, K, N, torch.device("cuda"), block_n=64)
         assert k_chunk == bk == 128 and split == K // 128, (K, N)
@@ -457,9 +457,9 @@ def test_fused_forward_equals_steps_forward(tiny, B, whole_k, monkeypatch):
     # written at the same column; the fused step leaves the cache's counters alone (`col` is its own)
     T, L, steps = 6, 12, 3
     logits_tol = dict(rtol=1e-4, atol=1e-4) if tiny.dtype == torch.float32 else dict(rtol=0, atol=3e-2)
-    if whole_k:  # every GEMV reads its whole K as one tile (`fused.layer_tiles`, as a probe
-        # patches it), from weights with K contiguous (`fused.step_weights`, as at batch 1)
-        monkeypatch.setattr(fused, "layer_tiles", lambda B, K, N, dtype: dict(block_k=4096))
+    if whole_k:  # every GEMV reads its whole K as one tile (`fused.layer_tiles`), from weights
+        # with K contiguous (`fused.step_weights`, as at batch 1)
+        monkeypatch.setattr(fused.step, "layer_tiles", lambda B, K, N, dtype: dict(block_k=4096))
     cache, tok, pos, mask = prefilled(tiny, B, T, L)
     mine = copy.deepcopy(cache)
     folds, buf = fused.fold_layernorms(tiny), fused.Buffers(tiny, B, L)
@@ -607,7 +607,7 @@ def test_fused_step_at_batch_1_joins_attention_and_c_proj(monkeypatch):
         return counted
 
     for name in calls:
-        monkeypatch.setattr(fused, name, spy(name))
+        monkeypatch.setattr(fused.step, name, spy(name))
     model = fg.load_model("tiny", device=DEVICE)
     ids, mask = fg.make_batch(1, 8, seed=3, device=DEVICE)
     N = 16
@@ -627,7 +627,7 @@ def test_layer_tiles_whole_k_at_batch_1_only_where_the_tile_fits(dtype):
     for K, N in [(768, 2304), (768, 768), (768, 3072), (3072, 768)]:
         tiles = fused.layer_tiles(1, K, N, dtype)
         on_gpu = 4 if K > 1024 else 8  # the interpreter's: ~4 column tiles
-        want = max(on_gpu, fused.triton.next_power_of_2(N // 4)) if fused.INTERPRET else on_gpu
+        want = max(on_gpu, triton.next_power_of_2(N // 4)) if fused.INTERPRET else on_gpu
         assert tiles["block_k"] >= K and tiles["block_n"] == want
         assert fused.gemv_tiles(1, K, N, torch.device(DEVICE), block_n=tiles["block_n"],
                                 block_k=tiles["block_k"], dtype=dtype)[3] == 1  # split 1

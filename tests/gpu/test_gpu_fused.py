@@ -1,4 +1,4 @@
-"""The fused Triton step (fastgen_lib/fused.py) on the H200: FusedStep, captured as CUDA graphs and driven
+"""The fused Triton step (fastgen_lib/fused/) on the H200: FusedStep, captured as CUDA graphs and driven
 by every stop driver, gives `compiled`'s tokens on GPT-2 124M in float32 (mixed-length left padding, rows
 stopping apart), or parts from them only at a near-tie, shown with its top-2 logit gap."""
 import pytest

@@ -1,56 +1,59 @@
-"""A fused GPT-2 decode step in Triton (chapter 9): one new token per row, B rows (1..32), a
-StaticCache of L slots. Per layer, five kernels (gpt-fast style: small, shapes in comments):
-
-    q   = gemv(h, c_attn, ln=ln_1, qkv=cache)    LayerNorm folded in; K, V into the cache  [B, E]
-    a   = attention(q, K, V, mask, col)          one query per (row, head), used slots only [B, E]
-    h   = gemv(a, attn.c_proj, residual=h)       x @ W + b + residual                      [B, E]
-    m   = gemv(h, c_fc, ln=ln_2, gelu=True)      LayerNorm folded in, GELU (tanh) after    [B, 4E]
-    h   = gemv(m, mlp.c_proj, residual=h)                                                  [B, E]
-
-then one more `gemv` for ln_f + lm_head (float32 logits) and, under greedy decoding, one kernel for
-the whole token choice (`greedy_tail`): 62 kernels a step (layer 0's first GEMV computes the
-embedding in front of itself). At batch 1 the attention and c_proj are one kernel
-(`attention_proj`, h = attention(...) @ W + b + h): 50 kernels a step.
-
-The GEMV splits K over several programs when a matrix has too few column tiles to fill the GPU; the
-last program of a column tile to finish (an atomic counter) sums the partial sums, in a fixed order,
-and applies the epilogue. At batch 1 a layer's GEMVs do not split K (`layer_tiles`): each program
-reads all of K for 4 or 8 columns, before its PDL wait, and sums it alone, from copies of the
-weights with K contiguous (`step_weights`: whole memory sectors for narrow tiles). LayerNorm is
-folded into the GEMV: with mean mu, 1/std r, weight g, bias beta,
-LN(x) @ W + b = r * (sum_k x_k g_k W_kn - mu * c_n) + d_n, where c = g @ W and d = beta @ W + b
-are computed once per model (`fold_layernorms`): no pass over x before the GEMV.
-Every kernel takes float32 or bfloat16 and accumulates in float32; at batch > 1, float32 dots run
-on the tensor cores as three TF32 products each ("tf32x3": about IEEE float32's accuracy). On a
-Hopper GPU the kernels are programmatic dependent launches (PDL): each starts while the kernel ahead
-finishes, a GEMV reading its first weight tile and the attention the cache's older slots before
-they wait (`gdc_wait`) for the kernel ahead; a GEMV also reads there what its epilogue adds (bias,
-the fold's c, the cache column).
-Off CUDA, set TRITON_INTERPRET=1 before importing triton: the kernels then run on CPU tensors (the
-tests), with IEEE dots and no PDL.
-"""
+"""The step's Triton kernels and their wrappers: `gemv`, `attention`, `attention_proj` (both at
+batch 1), `greedy_tail` (the token choice). The GEMV splits K over several programs when a matrix
+has too few column tiles to fill the GPU; the last program of a column tile to finish (an atomic
+counter) sums the partial sums, in a fixed order, and applies the epilogue. Every kernel takes
+float32 or bfloat16 and accumulates in float32; at batch > 1, float32 dots run on the tensor cores
+as three TF32 products each ("tf32x3": about IEEE float32's accuracy). On a Hopper GPU the kernels
+are programmatic dependent launches (PDL): each reads before its wait (`gdc_wait`) what the kernel
+ahead does not write (a GEMV its first tile of W and its epilogue's inputs)."""
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from .steps import GraphStep, choose
-from .stops import LOOP_BODY
+from .tiles import INTERPRET, LOCKS, attention_blocks, gemv_tiles, scratch_size
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on the CPU (numpy)
 SQRT_2_OVER_PI = tl.constexpr(math.sqrt(2.0 / math.pi))  # a global a kernel reads: constexpr
-LOCKS = 8192  # counters for the split-K reductions: one per column tile (each kernel resets its own)
 
-
-# --- x @ W + b: split along K, LayerNorm folded in, GELU, a residual or the KV cache after ----------
 
 @triton.jit
 def _weight_tile(w_ptr, ks, cols, k_hi, col_ok, stride_wk, stride_wn):
     """W's rows ks (those below k_hi) and columns cols: [BLOCK_K, BLOCK_N]."""
     return tl.load(w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
                    mask=(ks < k_hi)[:, None] & col_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _gelu_new(x):
+    """GPT-2's gelu_new: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi)(x + .044715x^3)."""
+    return x * tl.sigmoid(2.0 * SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+
+
+@triton.jit
+def _store_qkv(out, y_ptr, k_ptr, v_ptr, rows, cols, out_ok, col, N, D,
+               stride_yb, stride_cb, stride_ch, stride_cs):
+    """Columns [q | k | v] of out: q into y [B, N/3], k and v into the cache [B, H, L, D] at col."""
+    E = N // 3
+    part_ix = cols // E                                                  # 0 q, 1 k, 2 v
+    j = cols % E
+    cache = rows[:, None] * stride_cb + (j // D)[None, :] * stride_ch + (j % D)[None, :]
+    cache += col * stride_cs
+    tl.store(y_ptr + rows[:, None] * stride_yb + j[None, :], out,
+             mask=out_ok & (part_ix == 0)[None, :])
+    tl.store(k_ptr + cache, out, mask=out_ok & (part_ix == 1)[None, :])
+    tl.store(v_ptr + cache, out, mask=out_ok & (part_ix == 2)[None, :])
+
+
+@triton.jit
+def _tile_argmax(out, out_ok, rows, row_ok, cols, N, top_ptr, top_i_ptr):
+    """Each row's largest value in out and its first column, into top and top_i [B, tiles]."""
+    vals = tl.where(out_ok, out.to(tl.float32), float("-inf"))
+    top = tl.max(vals, axis=1)                                           # [BLOCK_M]
+    first = tl.min(tl.where(vals == top[:, None], cols[None, :], N), axis=1)
+    tiles = tl.num_programs(0)
+    tl.store(top_ptr + rows * tiles + tl.program_id(0), top, mask=row_ok)
+    tl.store(top_i_ptr + rows * tiles + tl.program_id(0), first, mask=row_ok)
 
 
 @triton.jit
@@ -80,7 +83,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
         p_rows = pe_ptr + tl.load(pos_ptr + rows * stride_pb, mask=row_ok, other=0) * stride_eb
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)  # one row: products, summed after the loop
+    acc1 = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)  # one row: products, summed after loop
     s1 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)    # LayerNorm: sum of x and of x^2
     s2 = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     k_lo = pid_s * K_CHUNK
@@ -184,8 +187,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             rstd = 1.0 / tl.sqrt(tl.maximum(sum2 / K - mean * mean, 0.0) + eps)
             acc = rstd[:, None] * (acc - mean[:, None] * c[None, :])
         acc += bias[None, :]
-        if GELU:  # GPT-2's gelu_new: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi)(x + .044715x^3)
-            acc = acc * tl.sigmoid(2.0 * SQRT_2_OVER_PI * (acc + 0.044715 * acc * acc * acc))
+        if GELU:
+            acc = _gelu_new(acc)
         if RESIDUAL:  # (may be y itself: each element is read, then written, by this program only)
             r = tl.load(r_ptr + rows[:, None] * stride_rb + cols[None, :], mask=out_ok, other=0.0)
             acc += r.to(tl.float32)
@@ -194,119 +197,23 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, g_ptr, c_ptr, r_ptr, part_ptr, lock
             yf = tl.where(out_ok, out.to(tl.float32), 0.0)
             tl.store(st_ptr + (pid_n * B + rows) * 2, tl.sum(yf, axis=1), mask=row_ok)
             tl.store(st_ptr + (pid_n * B + rows) * 2 + 1, tl.sum(yf * yf, axis=1), mask=row_ok)
-        if QKV:  # columns [q | k | v], E each: q into y [B, E], k and v into the cache at `col`
-            E = N // 3
-            part_ix = cols // E                                          # 0 q, 1 k, 2 v
-            j = cols % E
-            cache = rows[:, None] * stride_cb + (j // D)[None, :] * stride_ch + (j % D)[None, :]
-            cache += col * stride_cs
-            tl.store(y_ptr + rows[:, None] * stride_yb + j[None, :], out,
-                     mask=out_ok & (part_ix == 0)[None, :])
-            tl.store(k_ptr + cache, out, mask=out_ok & (part_ix == 1)[None, :])
-            tl.store(v_ptr + cache, out, mask=out_ok & (part_ix == 2)[None, :])
+        if QKV:  # q into y, k and v into the cache at `col`
+            _store_qkv(out, y_ptr, k_ptr, v_ptr, rows, cols, out_ok, col, N, D,
+                       stride_yb, stride_cb, stride_ch, stride_cs)
         else:
             tl.store(y_ptr + rows[:, None] * stride_yb + cols[None, :], out, mask=out_ok)
-        if ARGMAX:  # each row's largest value in this tile and its first column: for greedy_tail
-            vals = tl.where(out_ok, out.to(tl.float32), float("-inf"))
-            top = tl.max(vals, axis=1)                                   # [BLOCK_M]
-            first = tl.min(tl.where(vals == top[:, None], cols[None, :], N), axis=1)
-            tiles = tl.num_programs(0)
-            tl.store(top_ptr + rows * tiles + pid_n, top, mask=row_ok)
-            tl.store(top_i_ptr + rows * tiles + pid_n, first, mask=row_ok)
-
-
-def sm_count(device):
-    """Streaming multiprocessors of `device` (4 on a CPU under the interpreter: small splits)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def default_tiles(B, dtype):
-    """(block_k, programs_per_sm), the GEMV's tiles by default: the fastest measured
-    for GPT-2's step on an H200 (results/h200/fused/gemv_tiles/, b32_early/). 128 rows
-    of K per tile: most chunks of K are one tile, which a program reads before its PDL
-    wait. About two programs per SM; four in float32 at batch > 1, where every chunk of
-    GPT-2's layer GEMVs is then one tile (0.748 ms a step at batch 32 against 0.762 with
-    32-row tiles, two a chunk, read after the wait)."""
-    return (128, 4) if B > 1 and dtype == torch.float32 else (128, 2)
-
-
-def gemv_tiles(B, K, N, device, block_n=None, block_k=None, programs_per_sm=None,
-               dtype=torch.float32, split=None):
-    """(block_m, block_n, block_k, split, k_chunk) for x [B, K] @ W [K, N] (W in `dtype`): one row
-    per program at batch 1, else a padded tl.dot (16 or 32 rows); K split into `split` chunks of
-    `k_chunk` rows (a multiple of block_k) until there are about `programs_per_sm` programs per SM
-    (block_k and programs_per_sm default to `default_tiles`), or into `split` chunks if given.
-    block_n defaults to 64 columns (under the CPU interpreter, which pays per program: at most
-    ~4 tiles)."""
-    if block_n is None:
-        block_n = max(64, triton.next_power_of_2(triton.cdiv(N, 4))) if INTERPRET else 64
-    dk, dp = default_tiles(B, dtype)
-    block_k = dk if block_k is None else block_k
-    programs_per_sm = dp if programs_per_sm is None else programs_per_sm
-    block_m = 1 if B == 1 else 16 if B <= 16 else 32
-    block_k = min(block_k, triton.next_power_of_2(K))
-    tiles = triton.cdiv(N, block_n) * triton.cdiv(B, block_m)
-    if split is None:
-        split = min(triton.cdiv(programs_per_sm * sm_count(device), tiles),
-                    triton.cdiv(K, block_k))
-    k_chunk = triton.cdiv(triton.cdiv(K, max(split, 1)), block_k) * block_k
-    return block_m, block_n, block_k, triton.cdiv(K, k_chunk), k_chunk
-
-
-def layer_tiles(B, K, N, dtype):
-    """`gemv`'s tiles for a layer's x [B, K] @ W [K, N] in the step (`fused_forward`).
-    At batch 1 each program reads all of K as one tile, before its PDL wait: K is not
-    split, so after the wait there are no partial sums, no counter and no last program
-    adding them up. W with K contiguous (`step_weights`): 8 columns and 4 warps a
-    program where K <= 1024, 4 columns and 8 warps above (288 programs for GPT-2's QKV
-    projection, 192 for mlp.c_proj), the fastest measured on an H200
-    (results/h200/fused/layout/); under the CPU interpreter, which pays per program,
-    at most ~4 column tiles, as `gemv_tiles` has. A tile over 128 KB (K padded to a
-    power of two; larger models than GPT-2's) and batch > 1: {}, gemv's own tiles,
-    split."""
-    whole_k = triton.next_power_of_2(K)
-    if K <= 1024:
-        tiles = dict(block_k=whole_k, block_n=8, num_warps=4)
-    else:
-        tiles = dict(block_k=whole_k, block_n=4, num_warps=8)
-    tile_bytes = whole_k * tiles["block_n"] * (4 if dtype == torch.float32 else 2)
-    if INTERPRET:  # ~4 column tiles
-        tiles["block_n"] = max(tiles["block_n"], triton.next_power_of_2(N // 4))
-    return tiles if B == 1 and tile_bytes <= 128 * 1024 else {}
-
-
-def head_tiles(B, dtype):
-    """`gemv`'s tiles for the step's lm_head (ln_f folded in, each tile's argmax after).
-    At batch > 1, a 16-row tile of K in float32 and 32 rows by 128 columns in bfloat16:
-    gemv's own (32 and 128 rows) hold up to 255 registers a thread with LayerNorm and
-    argmax, two programs an SM, and take 133 and 72 µs at batch 32 on an H200 against
-    97 and 36 (results/h200/fused/head_tiles/). At batch 1: {}, gemv's own."""
-    if B == 1:
-        return {}
-    if INTERPRET:  # gemv's ~4 column tiles (the CPU interpreter pays per program)
-        return dict(block_k=16 if dtype == torch.float32 else 32)
-    return dict(block_k=16, block_n=64) if dtype == torch.float32 else \
-        dict(block_k=32, block_n=128)
-
-
-def scratch_size(B, K, N, device, **tiles):
-    """Floats of split-K scratch that `gemv` needs for x [B, K] @ W [K, N] (`tiles`: as
-    `gemv_tiles`'): the partial sums and, per column tile, the partial LayerNorm sums."""
-    _, bn, _, split, _ = gemv_tiles(B, K, N, device, **tiles)
-    return split * B * (N + 2 * triton.cdiv(N, bn)) if split > 1 else 1
+        if ARGMAX:
+            _tile_argmax(out, out_ok, rows, row_ok, cols, N, top_ptr, top_i_ptr)
 
 
 def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed=None,
          argmax=None, stats_out=None, ln_stats=None, out=None, scratch=None,
-         block_n=None, block_k=None, programs_per_sm=None, split=None, num_warps=4,
-         pdl=False):
+         block_n=None, block_k=None, programs_per_sm=None, split=None, num_warps=4, pdl=False):
     """x [B, K] @ weight [K, N] + bias [N] -> [B, N] (in x's dtype, or into `out`), then GELU (tanh)
     with gelu=True, or + residual [B, N] (which may be `out` itself).
     ln=(g, c, d, eps): x is LayerNorm'd first (weight g [K]), folded in: c = g @ weight and
     d = beta @ weight + bias, float32 [N], from `fold_layernorm` (bias is then unused).
-    qkv=(keys, values, col): the columns are [q | k | v]; q goes to the result [B, N/3], k and v into
+    qkv=(keys, values, col): the columns are [q | k | v]; q to the result [B, N/3], k and v into
     the cache [B, H, L, D] at column `col` (a 0-d tensor).
     embed=(wte, wpe, tok, pos): x is wte[tok] + wpe[pos] (tok, pos [B, 1]), also written into x.
     argmax=(top, top_i) float32 and int32 [B, tiles] (`gemv_tiles`): each row's largest value per
@@ -346,8 +253,7 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     assert embed is None or wte.stride() == wpe.stride()
     top, top_i = argmax if argmax is not None else (y, locks)
     assert stats_out is None or (stats_out.shape == (triton.cdiv(N, bn), B, 2)
-                                 and stats_out.is_contiguous() and qkv is None
-                                 and ln_stats is None)
+                                 and stats_out.is_contiguous() and qkv is None and ln_stats is None)
     assert ln_stats is None or (ln is not None and ln_stats.shape[1:] == (B, 2)
                                 and ln_stats.is_contiguous())
     stats = stats_out if stats_out is not None else ln_stats
@@ -355,79 +261,20 @@ def gemv(x, weight, bias, *, ln=None, gelu=False, residual=None, qkv=None, embed
     grid = (triton.cdiv(N, bn), split, triton.cdiv(B, bm))
     _gemv_kernel[grid](
         x, weight, d if ln is not None else bias, y, g, c, r, part, locks,
-        stats if stats is not None else part, keys, values, col,
-        wte, wpe, tok, pos, top, top_i,
+        stats if stats is not None else part, keys, values, col, wte, wpe, tok, pos, top, top_i,
         B, K, N, eps, D,
         x.stride(0), weight.stride(0), weight.stride(1), y.stride(0), r.stride(0),
         keys.stride(0), keys.stride(1) if qkv is not None else 0,
         keys.stride(2) if qkv is not None else 0, wte.stride(0), tok.stride(0), pos.stride(0),
         LN=ln is not None, GELU=gelu, RESIDUAL=residual is not None, QKV=qkv is not None,
-        EMBED=embed is not None, ARGMAX=argmax is not None,
+        EMBED=embed is not None, ARGMAX=argmax is not None, STATS_OUT=stats_out is not None,
         STATS_IN=ln_stats.shape[0] if ln_stats is not None else 0,
-        STATS_OUT=stats_out is not None,
-        SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=k_chunk == bk,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        SPLIT=split, K_CHUNK=k_chunk, ONE_TILE=k_chunk == bk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         DOT_F32=INTERPRET and weight.dtype != torch.float32,
         PRECISION="tf32x3" if weight.dtype == torch.float32 and not INTERPRET else "ieee",
         PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
     return y
 
-
-def fold_layernorm(ln, weight, bias=None):
-    """(g, c, d, eps) for `gemv(..., ln=...)`: LayerNorm module `ln` before
-    x @ weight [K, N] + bias: c = g @ weight, d = beta @ weight + bias, in float32."""
-    w = weight.float()
-    c = ln.weight.float() @ w
-    d = ln.bias.float() @ w + (bias.float() if bias is not None else 0.0)
-    return ln.weight, c.contiguous(), d.contiguous(), ln.eps
-
-
-def fold_layernorms(model, out=None):
-    """Every LayerNorm of GPT2LMHeadModel `model` folded into the GEMV after it: per block (ln_1 into
-    c_attn, ln_2 into c_fc), then ln_f into lm_head (with its bias, if `set_eos_bias` gave it one).
-    Made once per step (a few ms), and again when a weight changes in place: then into the
-    tensors of `out`, the earlier folds, whose addresses the captured graphs read."""
-    tr = model.transformer
-    folds = [(fold_layernorm(b.ln_1, b.attn.c_attn.weight, b.attn.c_attn.bias),
-              fold_layernorm(b.ln_2, b.mlp.c_fc.weight, b.mlp.c_fc.bias)) for b in tr.h]
-    folds = folds, fold_layernorm(tr.ln_f, model.lm_head.weight.t(), model.lm_head.bias)
-    if out is not None:
-        for new, old in zip(_each(folds), _each(out)):
-            old[1].copy_(new[1])  # c
-            old[2].copy_(new[2])  # d
-        return out
-    return folds
-
-
-def _each(folds):
-    """The folds of `fold_layernorms`, one after another."""
-    return [f for pair in folds[0] for f in pair] + [folds[1]]
-
-
-def step_weights(model, k_contiguous, out=None):
-    """Per block, the weights [K, N] of c_attn, c_fc and mlp.c_proj as the step's
-    GEMVs read them. k_contiguous=True (the step at batch 1): copies with K
-    contiguous (strides (1, K), as the lm_head's [V, E] is read). A program of a
-    few columns then reads whole memory sectors, so a projection can have many
-    programs with few bytes each (`layer_tiles`); GPT-2's Conv1D keeps N
-    contiguous, where 8 bfloat16 columns use half of each 32-byte sector. The
-    copies take as much memory as those weights. False (at batch > 1, where
-    tl.dot reads them faster as they are): the model's own tensors. `out`: the
-    earlier copies, written again in place (their addresses are in the captured
-    graphs)."""
-    blocks = [(b.attn.c_attn.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)
-              for b in model.transformer.h]
-    if not k_contiguous:
-        return blocks
-    if out is not None:
-        for new, old in zip(blocks, out):
-            for w, copy in zip(new, old):
-                copy.copy_(w)
-        return out
-    return [tuple(w.t().contiguous().t() for w in ws) for ws in blocks]
-
-
-# --- attention of one query token over the used slots of the static cache -------------------------------
 
 @triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock_ptr,
@@ -511,14 +358,6 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, col_ptr, part_ptr, lock
                      mask=d_ok)
 
 
-def attention_blocks(S, block_s=32, max_splits=None):
-    """(block_s, splits): keys per program and programs per (row, head) for a cache of S slots
-    (at most 64 programs; 1 under the CPU interpreter, which pays per program)."""
-    max_splits = max_splits or (1 if INTERPRET else 64)
-    block_s = max(block_s, triton.next_power_of_2(triton.cdiv(S, max_splits)))
-    return block_s, triton.next_power_of_2(triton.cdiv(S, block_s))
-
-
 def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=None, block_s=32,
               num_warps=2, pdl=False, early_kv=False):
     """softmax(q . K^T * scale, masked) @ V for one query token per row and head: q [B, H*D],
@@ -547,13 +386,10 @@ def attention(q, keys, values, mask, col=None, scale=None, out=None, scratch=Non
         q, keys, values, mask, o, col if col is not None else mask, *scratch, H, S, D,
         D ** -0.5 if scale is None else scale,
         q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), mask.stride(0), o.stride(0),
-        HAS_COL=col is not None, SPLITS=splits, BLOCK_S=block_s, BLOCK_D=block_d,
-        PDL=pdl, EARLY_KV=early_kv, num_warps=num_warps,
-        **({"launch_pdl": True} if pdl else {}))
+        HAS_COL=col is not None, SPLITS=splits, BLOCK_S=block_s, BLOCK_D=block_d, PDL=pdl,
+        EARLY_KV=early_kv, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
     return o
 
-
-# --- at batch 1: the attention and the out-projection in one kernel -----------------
 
 @triton.jit
 def _softmax_block(q, k, v, keep, scale, m_i, l_i, acc):
@@ -660,12 +496,9 @@ def attention_proj(q, keys, values, mask, col, weight, bias, residual, out=None,
         D ** -0.5, q.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         mask.stride(0), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         BLOCK_S=min(block_s, triton.next_power_of_2(S)), BLOCK_D=triton.next_power_of_2(D),
-        BLOCK_N=block_n, PDL=pdl, num_warps=num_warps,
-        **({"launch_pdl": True} if pdl else {}))
+        BLOCK_N=block_n, PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
     return y
 
-
-# --- the token choice: argmax, padding, EOS, the step's writes, "all finished" -------------------------
 
 @triton.jit
 def _greedy_tail_kernel(val_ptr, idx_ptr, fin_ptr, pad_ptr, eos_ptr, out_ptr, tok_ptr, pos_ptr,
@@ -714,7 +547,7 @@ def _greedy_tail_kernel(val_ptr, idx_ptr, fin_ptr, pad_ptr, eos_ptr, out_ptr, to
 def greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, locks, tiles=None,
                 block_v=1024, pdl=False):
     """`choose` under greedy decoding plus the rest of `decode_step`, in one kernel: the next token
-    (argmax of logits [B, V] float32; pad for finished rows; EOS finishes a row) into `out` at column
+    (argmax of logits [B, V] float32; pad for finished rows; EOS finishes a row) into out at column
     col + 1 and into `tok` [B, 1]; step_pos += 1; done = all(finished); col += 1.
     tiles=(top, top_i) from `gemv(..., argmax=...)`: the argmax is taken over those per-tile maxima
     instead of the whole row (a few hundred values, not V). pdl: as `gemv`'s."""
@@ -729,165 +562,3 @@ def greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, locks,
         HAS_IDX=tiles is not None, BLOCK_V=min(block_v, triton.next_power_of_2(vals.shape[1])),
         BLOCK_B=triton.next_power_of_2(B), PDL=pdl, **({"launch_pdl": True} if pdl else {}))
 
-
-# --- GPT-2's decode step from these kernels ----------------------------------------------------------------
-
-class Buffers:
-    """What a fused step writes besides the cache, made once per (model, batch, cache length): the
-    residual stream h [B, E], q and the attention output [B, E], the MLP's hidden [B, 4E], the
-    logits [B, V] float32 and their per-tile maxima, the scratch of the split kernels (partial
-    sums, counters), large enough for gemv's own split tiles too (the probes run them), and at
-    batch > 1 h's sums for the LayerNorms (`stats`: None at batch 1, or where the two GEMVs
-    that write h have different column tiles, as a probe may set). One `stats` serves every
-    layer: a GEMV writes it only after its wait, when the GEMV that read it last has finished."""
-
-    def __init__(self, model, batch, length):
-        E, V, H = model.config.n_embd, model.config.vocab_size, model.config.n_head
-        dev, dt = model.device, model.dtype
-        self.h, self.q, self.a = (torch.empty(batch, E, dtype=dt, device=dev) for _ in range(3))
-        self.m = torch.empty(batch, 4 * E, dtype=dt, device=dev)
-        self.logits = torch.empty(batch, V, dtype=torch.float32, device=dev)
-        head = head_tiles(batch, dt)
-        tiles = triton.cdiv(V, gemv_tiles(batch, E, V, dev, dtype=dt, **head)[1])  # lm_head's
-        self.top = torch.empty(batch, tiles, dtype=torch.float32, device=dev)
-        self.top_i = torch.empty(batch, tiles, dtype=torch.int32, device=dev)
-
-        def own(K, N):  # the tiles `fused_forward` gives gemv for x @ W [K, N] (no warps)
-            return {k: v for k, v in layer_tiles(batch, K, N, dt).items() if k != "num_warps"}
-        tiles = {triton.cdiv(E, gemv_tiles(batch, K, E, dev, dtype=dt, **own(K, E))[1])
-                 for K in (E, 4 * E)}  # column tiles of the two GEMVs that write h
-        self.stats = (torch.empty(tiles.pop(), batch, 2, device=dev)
-                      if batch > 1 and len(tiles) == 1 else None)
-
-        def split(K, N):  # floats of scratch for x @ W [K, N] with its layer tiles or gemv's
-            return max(scratch_size(batch, K, N, dev, dtype=dt),
-                       scratch_size(batch, K, N, dev, dtype=dt, **own(K, N)))
-        need = max(split(K, N) for K, N in ((E, 3 * E), (E, E), (E, 4 * E), (4 * E, E), (E, V)))
-        need = max(need, scratch_size(batch, E, V, dev, dtype=dt, **head))
-        splits = attention_blocks(length)[1]
-        need = max(need, batch * H * splits * (triton.next_power_of_2(E // H) + 2), H * batch * E)
-        self.scratch = (torch.empty(need, dtype=torch.float32, device=dev),
-                        torch.zeros(LOCKS, dtype=torch.int32, device=dev))
-
-
-@torch.no_grad()
-def fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl=False,
-                  weights=None):
-    """One decode step of GPT2LMHeadModel with the fused kernels: tok [B, 1] token ids
-    at column `col` (0-d tensor), step_pos [B, 1] their position ids, mask [B, L] the
-    attention mask over all L slots of the prefilled StaticCache `cache`; `folds` from
-    `fold_layernorms`, `buf` a Buffers. Writes the step's keys and values at column
-    `col` -> float32 logits [B, V] (buf.logits), equal to
-    `steps.forward(model, tok, mask, step_pos, cache)`, and their per-tile maxima
-    (buf.top, buf.top_i). The cache's own counters are not advanced: `col` is the step's
-    column. pdl=True: each kernel after the first starts as the one ahead finishes.
-    weights: `step_weights` (None: the model's own)."""
-    tr = model.transformer
-    h, q, a, m, stats = buf.h, buf.q, buf.a, buf.m, buf.stats
-    kw = dict(scratch=buf.scratch, pdl=pdl)
-
-    def tiles(w):  # a layer GEMV's tiles for x @ w
-        return layer_tiles(h.shape[0], *w.shape, w.dtype)
-    embed = (tr.wte.weight, tr.wpe.weight, tok, step_pos)  # layer 0's input, into h
-    h_stats = None  # h's sums, by the GEMV that wrote h (layer 0: c_attn sums it)
-    weights = weights or step_weights(model, k_contiguous=False)  # the model's own
-    for block, layer, (ln_1, ln_2), (w_qkv, w_fc, w_proj) in zip(tr.h, cache.layers,
-                                                                  folds[0], weights):
-        at, mlp = block.attn, block.mlp
-        gemv(h, w_qkv, at.c_attn.bias, ln=ln_1, ln_stats=h_stats, embed=embed, out=q,
-             qkv=(layer.keys, layer.values, col), **kw, **tiles(w_qkv))  # q [B, E]
-        embed = None
-        if h.shape[0] == 1:  # one kernel: each head's output is a slice of c_proj's K
-            attention_proj(q, layer.keys, layer.values, mask, col, at.c_proj.weight,
-                           at.c_proj.bias, h, out=h, **kw)
-        else:
-            attention(q, layer.keys, layer.values, mask, col, out=a, early_kv=True,
-                      **kw)
-            gemv(a, at.c_proj.weight, at.c_proj.bias, residual=h, out=h,
-                 stats_out=stats, **kw, **tiles(at.c_proj.weight))
-        gemv(h, w_fc, mlp.c_fc.bias, ln=ln_2, ln_stats=stats, gelu=True, out=m, **kw,
-             **tiles(w_fc))
-        gemv(m, w_proj, mlp.c_proj.bias, residual=h, out=h, stats_out=stats, **kw,
-             **tiles(w_proj))
-        h_stats = stats
-    lm_head = model.lm_head.weight.t()                                  # [E, V] view
-    return gemv(h, lm_head, folds[1][2], ln=folds[1], ln_stats=stats, out=buf.logits,
-                argmax=(buf.top, buf.top_i), **kw,
-                **head_tiles(h.shape[0], lm_head.dtype))
-
-
-# --- the step backend on the seam (steps.GraphStep with this forward) ----------------------------------------
-
-def fused_decode_step(model, folds, buf, cache, chooser, tok, step_pos, mask, col, finished,
-                      out, done, pdl=False, weights=None):
-    """`steps.decode_step` with `fused_forward` in place of the model's forward: the next token into
-    `out` at column col + 1 and into `tok`, the position and the column advanced, `done` set. Greedy
-    decoding chooses in one kernel (`greedy_tail`); sampling through `steps.choose`. In place only,
-    so it replays as a CUDA graph. weights: as `fused_forward`'s."""
-    logits = fused_forward(model, folds, buf, tok, step_pos, mask, cache, col, pdl, weights)
-    if not chooser.do_sample:
-        return greedy_tail(logits, finished, chooser, out, tok, step_pos, col, done, buf.scratch[1],
-                           tiles=(buf.top, buf.top_i), pdl=pdl)
-    col += 1
-    nxt = choose(logits, finished, col, chooser)
-    out.index_copy_(1, col.view(1), nxt[:, None])
-    tok.copy_(nxt[:, None])
-    step_pos += 1
-    done.copy_(finished.all())
-
-
-def weights_version(model):
-    """Each weight's in-place write count (`Tensor._version`): it changes when a weight is updated
-    in place, which `steps.weights_key` (addresses) does not see."""
-    return tuple(p._version for p in model.parameters())
-
-
-def supports_pdl(device):
-    """Whether kernels on `device` can be launched as programmatic dependent launches: a CUDA GPU
-    of compute capability 9.0 or later (Hopper), not Triton's interpreter."""
-    return (device.type == "cuda" and not INTERPRET
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
-class FusedStep(GraphStep):
-    """A GraphStep whose step is `fused_decode_step`: the same buffers, StaticCache, eager prefill,
-    warm-up and one CUDA graph per flag slot; any stop driver drives it. GPT-2 only (GPT2LMHeadModel).
-    pdl: the kernels as programmatic dependent launches; None: where the GPU has them."""
-
-    pdl = None
-
-    @classmethod
-    def offers(cls, gen):  # sampling's torch ops allocate as they are captured
-        return super().offers(gen) | (set() if gen.do_sample else {LOOP_BODY})
-
-    def __init__(self, model, batch, length, gen):
-        cfg = model.config
-        if getattr(cfg, "model_type", None) != "gpt2":
-            raise ValueError(f"the fused step runs GPT-2 (GPT2LMHeadModel), not "
-                             f"{getattr(cfg, 'model_type', type(model).__name__)}")
-        if cfg.activation_function != "gelu_new" or cfg.scale_attn_by_inverse_layer_idx \
-                or not cfg.scale_attn_weights:
-            raise ValueError("the fused step runs GPT-2's own settings (gelu_new, attention "
-                             "scaled by 1/sqrt(head size))")
-        if model.device.type != "cuda" and not INTERPRET:
-            raise ValueError("the fused step needs a CUDA GPU with Triton (on a CPU, only under "
-                             "Triton's interpreter: TRITON_INTERPRET=1 before triton is imported)")
-        super().__init__(model, batch, length, gen)
-        self.folds, self.versions = fold_layernorms(model), weights_version(model)
-        self.weights = step_weights(model, k_contiguous=batch == 1)
-        self.buf = Buffers(model, batch, length)
-        self.pdl = supports_pdl(model.device) if self.pdl is None else self.pdl
-
-    def prefill(self, input_ids, attention_mask, gen):
-        """GraphStep's prefill, after folding again if a weight changed in place since the folds
-        were made (e.g. `lm_head.bias[EOS] = ...`): the folds are copies, not the weights."""
-        if weights_version(self.model) != self.versions:
-            fold_layernorms(self.model, out=self.folds)
-            step_weights(self.model, self.tok.shape[0] == 1, out=self.weights)
-            self.versions = weights_version(self.model)
-        super().prefill(input_ids, attention_mask, gen)
-
-    def run(self, slot):
-        fused_decode_step(self.model, self.folds, self.buf, self.cache, self.chooser, self.tok,
-                          self.step_pos, self.mask, self.col, self.finished, self.out,
-                          self.done[slot], self.pdl, self.weights)
