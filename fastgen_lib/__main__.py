@@ -40,25 +40,6 @@ def cpu_threads():
     return max(1, min(4, cores))
 
 
-def rough_seconds(args, methods, size, skip=None):
-    """A rough estimate of `bench` on an idle CPU. Per method and workload (but those
-    that `skip(method, batch, new_tokens)` leaves out): the first call, a warm-up and
-    `repeats` rounds of a whole call and a one-token call, at ~3 ms (tiny) or ~50 ms
-    (124m) a step at batch 1, growing with the batch (naive: x3); the reference like one
-    more method; ~20 s of torch.compile per batch size and dtype for a compiled decoder;
-    10 s to start."""
-    base = 0.002 if size == "tiny" else 0.05
-    total = 10.0
-    for b in args.batch:
-        step = base * (1 + b / 16)
-        for n in args.new_tokens:
-            ms = [m for m in methods if not (skip and skip(m, b, n))]
-            weight = sum(3 if m == "naive" else 1 for m in ms) + 1
-            total += (args.repeats + 2) * (n + 3) * step * weight * len(args.dtype)
-        total += 20 * len(args.dtype) if any(METHODS[m].compiles for m in methods) else 0
-    return total
-
-
 def problem(args):
     """The first bad argument, in words, or None: checked before torch and the model."""
     if args.cmd == "generate":
@@ -231,11 +212,8 @@ def cmd_bench(args):
         print(json.dumps(measure.conditions()), f"size={size}", " ".join(sys.argv),
               sep="\n")
         if not cuda:
-            s = rough_seconds(args, methods, size, args.sweep and bench.default_skip)
-            took = f"{s / 60:.0f} min" if s > 90 else f"{s:.0f} s"
             print(f"on the CPU with {torch.get_num_threads()} torch threads (--threads "
-                  f"to change): about {took} on an idle machine (a rough estimate)",
-                  flush=True)
+                  "to change)", flush=True)
         bw, frames = measure.measure_bandwidth(), []
     for dtype in [] if args.merge else args.dtype:
         model = load_model(size, dtype=getattr(torch, dtype))

@@ -18,16 +18,14 @@ class Method:
     needs: tuple = ()     # what the machine must have: "cuda", "triton", "cuda-bindings"
     families: tuple = ()  # the model types it runs; (): any causal LM with a static cache
     static: bool = False  # attends over all T + N cache slots, not only the ones filled
-    compiles: bool = False  # its first call compiles
     headline: bool = False  # in `bench`'s default run, where the machine has what it needs
 
 
 NEEDS = {"cuda": "a CUDA GPU", "triton": "Triton (it comes with torch's CUDA builds on Linux)",
          "cuda-bindings": "NVIDIA's cuda-bindings (pip install cuda-bindings)"}
 STATIC = dict(cache_implementation="static")
-GRAPH = dict(step="steps:GraphStep", static=True, compiles=True)
-FUSED = dict(step="fused:FusedStep", needs=("cuda", "triton"), families=("gpt2",),
-             compiles=True, headline=True)
+GRAPH = dict(step="steps:GraphStep", static=True)
+FUSED = dict(step="fused:FusedStep", needs=("cuda", "triton"), families=("gpt2",), headline=True)
 
 METHODS = {m.name: m for m in [
     Method("naive", 1, "naive (ch. 1)", "tab:blue", dict(use_cache=False),
