@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from .registry import DECODER_NAMES, METHODS, NEEDS
+from .registry import DECODER_NAMES, METHODS, NEEDS, have
 
 N_POSITIONS = 1024  # GPT-2's n_positions (124m, tiny): checked here; other models by the library
 GPT2 = (None, "124m", "gpt2", "tiny")  # --size values that are GPT-2 (None: the default size)
@@ -191,7 +191,7 @@ def cmd_bench(args):
     from .models import default_size, load_model
     cuda = torch.cuda.is_available()
     for name in [] if args.merge else args.methods or []:
-        missing = [n for n in METHODS[name].needs if not bench.have(n)]
+        missing = [n for n in METHODS[name].needs if not have(n)]
         if missing:
             fail(f"the {name} decoder needs {' and '.join(NEEDS[n] for n in missing)}, "
                  "which this machine has not")

@@ -1,6 +1,5 @@
 """The benchmark: our decoders beside `model.generate` (its default cache, and its static cache, which
 compiles itself on CUDA), in one process, on the same prompts, tokens checked. Book: chapter 8."""
-import importlib.util
 import itertools
 
 import pandas as pd
@@ -11,7 +10,7 @@ from . import measure
 from .decoders import generate
 from .models import prompts_for, stop_ids
 from .reference import first_divergence, hf_generate
-from .registry import METHODS
+from .registry import METHODS, have
 
 HF_METHODS = {n: m.reference for n, m in METHODS.items() if not m.step}  # model.generate's rows
 LADDER = [n for n, m in METHODS.items() if m.chapter <= 8]  # the article's ladder (chapter 8)
@@ -33,16 +32,6 @@ def legend(df):
     lines = [f"{k}: {v}" for k, v in LEGEND.items() if k in summary(df)]
     return "\n".join(lines + ["median of alternated rounds after a warm-up; the first call "
                                "(compiling) is timed apart"])
-
-
-def have(need):
-    """Whether this machine has `need` ("cuda", "triton", "cuda-bindings")."""
-    if need == "cuda":
-        return torch.cuda.is_available()
-    try:
-        return importlib.util.find_spec(need.replace("-", ".")) is not None
-    except ModuleNotFoundError:  # cuda.bindings without its parent package
-        return False
 
 
 def runnable(names):

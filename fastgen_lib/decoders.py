@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from .registry import METHODS, NEEDS
+from .registry import FAMILIES, METHODS, NEEDS, have
 from .steps import GenConfig, attention_choice
 
 DECODERS = {n: m for n, m in METHODS.items() if m.step}  # public name -> registry entry
@@ -34,7 +34,11 @@ def parts(decoder):
         except ImportError as e:
             raise ValueError(f"the {decoder} decoder needs "
                              f"{' and '.join(NEEDS[n] for n in m.needs)} ({e})") from e
-    return load(m.step), load(m.stop)
+    backend, driver = load(m.step), load(m.stop)
+    for need in m.needs:  # a CUDA GPU: a backend with a CPU path (the interpreter) says it
+        if (need != "cuda" or driver.cuda) and not have(need):
+            raise ValueError(f"the {decoder} decoder needs {NEEDS[need]}")
+    return backend, driver
 
 
 def decode(model, input_ids, attention_mask, gen, step_backend, stop_driver, streamer=None):
@@ -106,6 +110,12 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
     if not isinstance(decoder, str) or decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}: choose one of {', '.join(DECODERS)}")
     supported(model, DECODERS[decoder])
+    backend, driver = parts(decoder)
+    if streamer is not None and not (hasattr(streamer, "put") and hasattr(streamer, "end")):
+        raise TypeError(f"streamer must have put() and end() (transformers' TextStreamer), got "
+                        f"{type(streamer).__name__}")
+    if streamer is not None and not driver.streams:
+        raise ValueError(f"{decoder} cannot stream: the host sees no token until the end")
     if eos_token_id is None:
         eos_token_id = model.generation_config.eos_token_id
     if pad_token_id is None:
@@ -120,7 +130,6 @@ def generate(model, input_ids, attention_mask=None, *, decoder="interleaved", ma
     if gen.do_sample and seed is None:  # from torch's CPU generator: torch.manual_seed fixes it
         gen = replace(gen, seed=int(torch.randint(0, 2**32, (), dtype=torch.long)))
     # the named range lets a profiler trace tell the decode from the input checks above
-    backend, driver = parts(decoder)
     with lock(model), torch.inference_mode(), torch.profiler.record_function(f"fastgen.{decoder}"):
         return decode(model, input_ids, attention_mask, gen, backend, driver, streamer)
 
@@ -145,8 +154,9 @@ def supported(model, method=None):
         raise ValueError(f"{kind}: transformers does not support a static cache (StaticCache) for "
                          "this model, which the compiled decoders need")
     if method is not None and method.families and kind not in method.families:
-        raise ValueError(f"the {method.name} decoder runs {', '.join(method.families)} models, not "
-                         f"{kind}: the decoders up to interleaved run it")
+        runs = ", ".join(FAMILIES.get(f, f) for f in method.families)
+        raise ValueError(f"the {method.name} decoder runs {runs}, not {kind}: the decoders "
+                         "up to interleaved run it")
 
 
 def _int(name, value, lo, hi=None, none=False):

@@ -165,4 +165,4 @@ def gpu_loop(step, max_new_tokens, streamer=None):
     return max_new_tokens - int(loop.host[1])
 
 
-gpu_loop = Driver(gpu_loop, needs=frozenset({LOOP_BODY}), cuda=True)
+gpu_loop = Driver(gpu_loop, needs=frozenset({LOOP_BODY}), cuda=True, streams=False)

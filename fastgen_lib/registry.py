@@ -2,6 +2,7 @@
 driver) and the two `model.generate` calls they are measured beside. The command line,
 `bench`, the plots, the widgets and the token checks read this table: adding a decoder is
 one entry. No torch here, so `python -m fastgen_lib --help` stays quick."""
+import importlib.util
 from dataclasses import dataclass, field
 
 
@@ -23,6 +24,7 @@ class Method:
 
 NEEDS = {"cuda": "a CUDA GPU", "triton": "Triton (it comes with torch's CUDA builds on Linux)",
          "cuda-bindings": "NVIDIA's cuda-bindings (pip install cuda-bindings)"}
+FAMILIES = {"gpt2": "GPT-2 (GPT2LMHeadModel)"}  # model types in `Method.families`, in words
 STATIC = dict(cache_implementation="static")
 GRAPH = dict(step="steps:GraphStep", static=True)
 FUSED = dict(step="fused:FusedStep", needs=("cuda", "triton"), families=("gpt2",), headline=True)
@@ -47,3 +49,14 @@ METHODS = {m.name: m for m in [
 ]}
 DECODER_NAMES = tuple(n for n, m in METHODS.items() if m.step)
 HF_NAMES = tuple(n for n, m in METHODS.items() if not m.step)
+
+
+def have(need):
+    """Whether this machine has `need` (a key of NEEDS)."""
+    if need == "cuda":
+        import torch
+        return torch.cuda.is_available()
+    try:
+        return importlib.util.find_spec(need.replace("-", ".")) is not None
+    except ModuleNotFoundError:  # cuda.bindings without its parent package
+        return False

@@ -17,11 +17,12 @@ LOOP_BODY = ("a step whose capture allocates nothing, so a CUDA graph's WHILE no
 @dataclass(frozen=True)
 class Driver:
     """A stop driver: `run(step, max_new_tokens, streamer)`, the flag slots it uses, what it
-    needs of a step on a CUDA GPU, and whether it runs only there."""
+    needs of a step on a CUDA GPU, whether it runs only there, and whether it can stream."""
     run: Callable
     slots: tuple = (0,)
     needs: frozenset = frozenset()
     cuda: bool = False
+    streams: bool = True
 
     def __call__(self, step, max_new_tokens, streamer=None):
         return self.run(step, max_new_tokens, streamer)

@@ -48,6 +48,7 @@ BAD = {
     "bad eos": (dict(eos_token_id=10**6), ValueError, "eos_token_id"),
     "bad temperature": (dict(do_sample=True, temperature=0.0), ValueError, "temperature"),
     "bad top_k": (dict(do_sample=True, top_k=0), ValueError, "top_k"),
+    "bad streamer": (dict(streamer=object()), TypeError, "streamer must have put"),
 }
 
 
@@ -78,6 +79,16 @@ def test_training_mode_is_a_clear_error(model):
             fg.generate(model, OK_IDS, decoder="kv_cache", max_new_tokens=2)
     finally:
         model.eval()
+
+
+def test_not_a_causal_lm_is_a_clear_error(model):
+    import transformers
+    with pytest.raises(TypeError, match=r"fg\.load_model\('gpt2'\)"):
+        fg.generate("gpt2", OK_IDS)
+    bert = transformers.BertModel(transformers.BertConfig(
+        num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)).eval()
+    with pytest.raises(ValueError, match="no language-model head"):
+        fg.generate(bert, OK_IDS)
 
 
 def test_wrong_device_is_a_clear_error(model):

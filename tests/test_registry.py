@@ -1,5 +1,7 @@
 """The registry (`fastgen_lib/registry.py`) is the one list of methods: every other list reads it,
 and every figure draws every registered method."""
+import importlib
+
 import matplotlib
 import numpy as np
 import pandas as pd
@@ -35,9 +37,10 @@ def test_each_decoder_names_a_step_and_a_driver_that_declare_their_contract():
     for name, m in registry.METHODS.items():
         if not m.step:
             continue
-        if "triton" in m.needs and not bench.have("triton"):
+        if "triton" in m.needs and not registry.have("triton"):
             continue
-        backend, driver = fg.decoders.parts(name)
+        backend, driver = (getattr(importlib.import_module(f"fastgen_lib.{mod}"), attr)
+                           for mod, attr in (ref.split(":") for ref in (m.step, m.stop)))
         assert isinstance(driver, stops.Driver), name
         assert isinstance(backend.offers(fg.decoders.GenConfig(4, None, 0)), frozenset), name
 
@@ -83,8 +86,8 @@ def test_every_figure_draws_every_registered_method(draw):
 def test_bench_runs_only_what_this_machine_has():
     here = bench.runnable(registry.METHODS)
     for name in here:
-        assert all(bench.have(n) for n in registry.METHODS[name].needs)
-    if not bench.have("cuda"):
+        assert all(registry.have(n) for n in registry.METHODS[name].needs)
+    if not registry.have("cuda"):
         assert "fused" not in here and "gpu_loop" not in here
         assert bench.runnable(bench.HEADLINE) == ["naive", "interleaved", "hf_dynamic",
                                                   "hf_static"]
