@@ -3,7 +3,6 @@ compiles itself on CUDA), in one process, on the same prompts, tokens checked. B
 import itertools
 
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
 from . import measure

@@ -47,9 +47,10 @@ def decode(model, input_ids, attention_mask, gen, step_backend, stop_driver, str
     driver needs on a CUDA GPU (`stops.Driver.needs`, the backend's `offers(gen)`). A `streamer`
     gets what `model.generate` gives one: the prompt, each new token [B] in order, then `end()`."""
     name = getattr(stop_driver.run, "__name__", "this stop driver")
-    if input_ids.is_cuda or stop_driver.cuda:
-        for need in sorted(stop_driver.needs - step_backend.offers(gen)):
-            raise ValueError(f"{name} needs {need}: {step_backend.__name__} does not offer it")
+    missing = stop_driver.needs - step_backend.offers(gen)
+    if missing and (input_ids.is_cuda or stop_driver.cuda):
+        raise ValueError(f"{name} needs {'; '.join(sorted(missing))}: "
+                         f"{step_backend.__name__} does not offer it")
     if stop_driver.cuda and not input_ids.is_cuda:
         raise ValueError(f"{name} needs a CUDA GPU, and the inputs are on {input_ids.device}")
     step = step_backend.start(model, input_ids, attention_mask, gen, stop_driver.slots)

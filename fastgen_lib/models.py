@@ -2,13 +2,14 @@
 CPU work, a Llama-3.2-1B shape with random weights, any transformers causal LM by model id or local path,
 and batches of left-padded prompts. Book: chapter 0 (setup)."""
 import hashlib
-import operator
 import os
 from pathlib import Path
 
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel,
                           GPT2TokenizerFast, LlamaConfig, LlamaForCausalLM)
+
+from .decoders import _int
 
 TOKENIZER_DIR = Path(__file__).parent / "gpt2_tokenizer"
 # The hashes tiktoken pins for GPT-2's encoder.json and vocab.bpe.
@@ -154,19 +155,6 @@ def _device(device):
             raise ValueError(f"device={device!r}: this machine has {n} CUDA GPU(s), cuda:0 to "
                              f"cuda:{n - 1}")
     return dev
-
-
-def _int(name, value, lo):
-    """`value` as a Python int >= lo (any integer-like scalar, not a bool)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
-    if v < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {v}")
-    return v
 
 
 class HubUnreachable(ValueError):

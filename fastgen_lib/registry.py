@@ -2,6 +2,7 @@
 driver) and the two `model.generate` calls they are measured beside. The command line,
 `bench`, the plots, the widgets and the token checks read this table: adding a decoder is
 one entry. No torch here, so `python -m fastgen_lib --help` stays quick."""
+import functools
 import importlib.util
 from dataclasses import dataclass, field
 
@@ -51,8 +52,9 @@ DECODER_NAMES = tuple(n for n, m in METHODS.items() if m.step)
 HF_NAMES = tuple(n for n, m in METHODS.items() if not m.step)
 
 
+@functools.cache
 def have(need):
-    """Whether this machine has `need` (a key of NEEDS)."""
+    """Whether this machine has `need` (a key of NEEDS): asked once a process."""
     if need == "cuda":
         import torch
         return torch.cuda.is_available()
